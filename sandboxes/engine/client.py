@@ -1,0 +1,333 @@
+"""Clients of the engine's local API: the control plane's tasks, the tests, the CLI.
+
+:class:`EngineClient` is blocking (one connection, one call at a time: give
+each thread its own); :class:`AsyncEngineClient` is its asyncio twin.  Both
+raise the engine's own error classes (:mod:`.errors`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import socket
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import Unavailable, from_dict
+from .protocol import CHUNK, DATA, END, JSON, decode_json, encode, encode_json, read_frame, read_frame_sync
+
+DEFAULT_SOCKET = Path(os.environ.get("FORKYARD_ENGINE_SOCKET", "/run/forkyard/engine.sock"))
+
+
+@dataclass
+class ExecOutput:
+    exit_code: int
+    stdout: bytes
+    stderr: bytes
+    duration_ms: float
+    timed_out: bool
+    signal: int | None = None
+    oom_killed: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_result(cls, result: dict[str, Any], stdout: bytes | None = None, stderr: bytes | None = None) -> ExecOutput:
+        return cls(
+            exit_code=result["exit_code"],
+            stdout=stdout if stdout is not None else base64.b64decode(result.get("stdout_b64", "")),
+            stderr=stderr if stderr is not None else base64.b64decode(result.get("stderr_b64", "")),
+            duration_ms=result["duration_ms"],
+            timed_out=result["timed_out"],
+            signal=result.get("signal"),
+            oom_killed=result.get("oom_killed", False),
+            stdout_truncated=result.get("stdout_truncated", False),
+            stderr_truncated=result.get("stderr_truncated", False),
+            extra={key: value for key, value in result.items() if key not in ("stdout_b64", "stderr_b64")},
+        )
+
+
+_NOT_YET = object()
+
+
+def _interpret(kind: bytes, payload: bytes, on_event: Callable[[dict[str, Any]], None] | None) -> Any:
+    """One reply frame: an event (passed on), the final answer, or an error raised."""
+    if kind != JSON:
+        return _NOT_YET
+    message = decode_json(payload)
+    if "event" in message:
+        if on_event is not None:
+            on_event(message)
+        return _NOT_YET
+    if not message.get("ok"):
+        raise from_dict(message.get("error") or {})
+    return message.get("result")
+
+
+def _is_stream(result: Any) -> bool:
+    return isinstance(result, dict) and bool(result.get("stream"))
+
+
+def _chunks_of(data: bytes | Iterable[bytes]) -> Iterator[bytes]:
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        view = memoryview(data)
+        for offset in range(0, len(view), CHUNK):
+            yield bytes(view[offset : offset + CHUNK])
+    else:
+        yield from data
+
+
+class EngineClient:
+    def __init__(self, socket_path: str | Path | None = None, timeout_s: float | None = None) -> None:
+        self.socket_path = str(socket_path or DEFAULT_SOCKET)
+        self.timeout_s = timeout_s
+        self._connection: socket.socket | None = None
+        self._mid_stream = False
+
+    def __enter__(self) -> EngineClient:
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    def _socket(self) -> socket.socket:
+        if self._mid_stream:
+            # The last stream was not read to its end: its frames are still
+            # coming on this connection, so start afresh.
+            self.close()
+            self._mid_stream = False
+        if self._connection is None:
+            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            connection.settimeout(self.timeout_s)
+            try:
+                connection.connect(self.socket_path)
+            except OSError as error:
+                connection.close()
+                raise Unavailable(
+                    f"cannot reach the engine at {self.socket_path}: {error.strerror}", socket=self.socket_path
+                ) from error
+            self._connection = connection
+        return self._connection
+
+    def _send(self, op: str, args: dict[str, Any], body: bytes | Iterable[bytes] | None) -> socket.socket:
+        connection = self._socket()
+        try:
+            connection.sendall(encode_json({"op": op, "args": args}))
+            if body is not None:
+                for chunk in _chunks_of(body):
+                    connection.sendall(encode(DATA, chunk))
+                connection.sendall(encode(END))
+        except OSError as error:
+            self.close()
+            raise Unavailable(f"lost the engine connection: {error}") from error
+        return connection
+
+    def _frames(self, connection: socket.socket) -> Iterator[tuple[bytes, bytes]]:
+        try:
+            while True:
+                yield read_frame_sync(connection)
+        except (OSError, ConnectionError) as error:
+            self.close()
+            raise Unavailable(f"lost the engine connection: {error}") from error
+
+    def stream(
+        self,
+        op: str,
+        args: dict[str, Any] | None = None,
+        body: bytes | Iterable[bytes] | None = None,
+        on_event: Callable[[dict[str, Any]], None] | None = None,
+    ) -> tuple[dict[str, Any], Iterator[bytes] | None]:
+        """Send a request; return the result and, for streams, its chunks."""
+        connection = self._send(op, args or {}, body)
+        frames = self._frames(connection)
+        for kind, payload in frames:
+            result = _interpret(kind, payload, on_event)
+            if result is _NOT_YET:
+                continue
+            if _is_stream(result):
+                self._mid_stream = True
+                return result, self._stream_chunks(frames)
+            return result, None
+        raise Unavailable("the engine closed the connection")
+
+    def _stream_chunks(self, frames: Iterator[tuple[bytes, bytes]]) -> Iterator[bytes]:
+        yield from self._stream_body(frames)
+        self._mid_stream = False
+
+    def _stream_body(self, frames: Iterator[tuple[bytes, bytes]]) -> Iterator[bytes]:
+        for kind, payload in frames:
+            if kind == DATA:
+                yield payload
+            elif kind == END:
+                break
+        for kind, payload in frames:
+            if kind == JSON:
+                trailer = decode_json(payload)
+                if not trailer.get("ok"):
+                    raise from_dict(trailer.get("error") or {})
+                return
+
+    def call(self, op: str, body: bytes | Iterable[bytes] | None = None, **args: Any) -> Any:
+        result, chunks = self.stream(op, args, body)
+        if chunks is not None:
+            return b"".join(chunks)
+        return result
+
+    # --- conveniences ---------------------------------------------------------------
+
+    def ping(self) -> dict[str, Any]:
+        return dict(self.call("ping"))
+
+    def info(self) -> dict[str, Any]:
+        return dict(self.call("info"))
+
+    def create(self, **args: Any) -> dict[str, Any]:
+        return dict(self.call("create", **args))
+
+    def get(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(self.call("get", id=sandbox_id))
+
+    def list(self, state: str | None = None, label: str | None = None) -> list[dict[str, Any]]:
+        return list(self.call("list", state=state, label=label)["sandboxes"])
+
+    def destroy(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(self.call("destroy", id=sandbox_id))
+
+    def exec(self, sandbox_id: str, cmd: str | list[str], **options: Any) -> ExecOutput:
+        if isinstance(options.get("stdin"), bytes):
+            options["stdin_b64"] = base64.b64encode(options.pop("stdin")).decode()
+        return ExecOutput.from_result(self.call("exec", id=sandbox_id, cmd=cmd, **options))
+
+    def exec_stream(
+        self, sandbox_id: str, cmd: str | list[str], on_output: Callable[[str, bytes], None], **options: Any
+    ) -> ExecOutput:
+        chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+
+        def event(message: dict[str, Any]) -> None:
+            data = base64.b64decode(message["data_b64"])
+            chunks[message["stream"]].append(data)
+            on_output(message["stream"], data)
+
+        result, _ = self.stream("exec", {"id": sandbox_id, "cmd": cmd, "stream": True, **options}, on_event=event)
+        return ExecOutput.from_result(result, b"".join(chunks["stdout"]), b"".join(chunks["stderr"]))
+
+    def read_file(self, sandbox_id: str, path: str) -> bytes:
+        return bytes(self.call("files.read", id=sandbox_id, path=path))
+
+    def write_file(
+        self, sandbox_id: str, path: str, data: bytes | Iterable[bytes], mode: int = 0o644, make_parents: bool = False
+    ) -> dict[str, Any]:
+        return dict(self.call("files.write", body=data, id=sandbox_id, path=path, mode=mode, make_parents=make_parents))
+
+    def list_files(self, sandbox_id: str, path: str = "/") -> dict[str, Any]:
+        return dict(self.call("files.list", id=sandbox_id, path=path))
+
+    def download(self, sandbox_id: str, path: str = "/") -> Iterator[bytes]:
+        _, chunks = self.stream("files.download", {"id": sandbox_id, "path": path})
+        assert chunks is not None
+        return chunks
+
+    def upload(self, sandbox_id: str, path: str, tar_stream: bytes | Iterable[bytes]) -> dict[str, Any]:
+        return dict(self.call("files.upload", body=tar_stream, id=sandbox_id, path=path))
+
+    def import_template(
+        self,
+        name: str,
+        source: str,
+        kind: str = "auto",
+        replace: bool = False,
+        on_progress: Callable[[dict[str, Any]], None] | None = None,
+    ) -> dict[str, Any]:
+        result, _ = self.stream(
+            "templates.import", {"name": name, "source": source, "kind": kind, "replace": replace}, on_event=on_progress
+        )
+        return dict(result)
+
+
+class AsyncEngineClient:
+    """One connection; concurrent callers take turns (open several for parallelism)."""
+
+    def __init__(self, socket_path: str | Path | None = None) -> None:
+        self.socket_path = str(socket_path or DEFAULT_SOCKET)
+        self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
+        self._lock = asyncio.Lock()
+
+    async def close(self) -> None:
+        if self._streams is not None:
+            self._streams[1].close()
+            self._streams = None
+
+    async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        if self._streams is None:
+            try:
+                self._streams = await asyncio.open_unix_connection(self.socket_path, limit=1 << 25)
+            except OSError as error:
+                raise Unavailable(f"cannot reach the engine at {self.socket_path}: {error.strerror}") from error
+        return self._streams
+
+    async def call(
+        self, op: str, body: bytes | None = None, on_event: Callable[[dict[str, Any]], None] | None = None, **args: Any
+    ) -> Any:
+        async with self._lock:
+            reader, writer = await self._connect()
+            try:
+                writer.write(encode_json({"op": op, "args": args}))
+                if body is not None:
+                    for chunk in _chunks_of(body):
+                        writer.write(encode(DATA, chunk))
+                    writer.write(encode(END))
+                await writer.drain()
+                while True:
+                    result = _interpret(*await read_frame(reader), on_event)
+                    if result is _NOT_YET:
+                        continue
+                    if _is_stream(result):
+                        return await self._collect(reader)
+                    return result
+            except (OSError, asyncio.IncompleteReadError) as error:
+                await self.close()
+                raise Unavailable(f"lost the engine connection: {error}") from error
+
+    async def _collect(self, reader: asyncio.StreamReader) -> bytes:
+        parts = []
+        async for chunk in self._chunks(reader):
+            parts.append(chunk)
+        return b"".join(parts)
+
+    async def _chunks(self, reader: asyncio.StreamReader) -> AsyncIterator[bytes]:
+        while True:
+            kind, payload = await read_frame(reader)
+            if kind == DATA:
+                yield payload
+            elif kind == END:
+                break
+        kind, payload = await read_frame(reader)
+        trailer = decode_json(payload)
+        if not trailer.get("ok"):
+            raise from_dict(trailer.get("error") or {})
+
+    async def create(self, **args: Any) -> dict[str, Any]:
+        return dict(await self.call("create", **args))
+
+    async def destroy(self, sandbox_id: str) -> dict[str, Any]:
+        return dict(await self.call("destroy", id=sandbox_id))
+
+    async def exec(self, sandbox_id: str, cmd: str | list[str], **options: Any) -> ExecOutput:
+        if isinstance(options.get("stdin"), bytes):
+            options["stdin_b64"] = base64.b64encode(options.pop("stdin")).decode()
+        return ExecOutput.from_result(await self.call("exec", id=sandbox_id, cmd=cmd, **options))
+
+    async def read_file(self, sandbox_id: str, path: str) -> bytes:
+        return bytes(await self.call("files.read", id=sandbox_id, path=path))
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes, mode: int = 0o644) -> dict[str, Any]:
+        return dict(await self.call("files.write", body=data, id=sandbox_id, path=path, mode=mode))

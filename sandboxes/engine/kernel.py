@@ -1,0 +1,340 @@
+"""The engine's only door to the kernel through ctypes.
+
+Python 3.11 has no ``os.unshare``/``os.setns`` and no wrappers for mount,
+pivot_root, capabilities, seccomp, pidfds or openat2, so they live here, each
+raising :class:`KernelError` that names the step and the path.  The rest of
+the engine calls these by name, through a :class:`Kernel` object, so that unit
+tests can substitute :class:`RecordingKernel` and check the exact sequence of
+mounts without root.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno as errno_module
+import os
+import platform
+import struct
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+# Namespace flags (linux/sched.h).
+CLONE_NEWNS = 0x00020000
+CLONE_NEWCGROUP = 0x02000000
+CLONE_NEWUTS = 0x04000000
+CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
+
+# Mount flags (linux/mount.h).
+MS_RDONLY = 1
+MS_NOSUID = 2
+MS_NODEV = 4
+MS_NOEXEC = 8
+MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_BIND = 4096
+MS_REC = 16384
+MS_PRIVATE = 1 << 18
+MS_SLAVE = 1 << 19
+MNT_DETACH = 2
+
+# prctl options.
+PR_SET_PDEATHSIG = 1
+PR_SET_DUMPABLE = 4
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_SET_CHILD_SUBREAPER = 36
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+
+# openat2 resolve flags (linux/openat2.h).
+RESOLVE_NO_XDEV = 0x01
+RESOLVE_NO_MAGICLINKS = 0x02
+RESOLVE_NO_SYMLINKS = 0x04
+RESOLVE_BENEATH = 0x08
+RESOLVE_IN_ROOT = 0x10
+
+AT_EMPTY_PATH = 0x1000
+AT_SYMLINK_NOFOLLOW = 0x100
+STATX_MNT_ID = 0x1000
+SECCOMP_SET_MODE_FILTER = 1
+LINUX_CAPABILITY_VERSION_3 = 0x20080522
+LAST_CAPABILITY = 40  # CAP_CHECKPOINT_RESTORE; newer kernels reject nothing above their own last
+
+_SYSCALL_NUMBERS = {
+    "x86_64": {
+        "clone": 56,
+        "pivot_root": 155,
+        "setns": 308,
+        "seccomp": 317,
+        "execveat": 322,
+        "pidfd_send_signal": 424,
+        "pidfd_open": 434,
+        "openat2": 437,
+        "capset": 126,
+        "capget": 125,
+        "statx": 332,
+    },
+    "aarch64": {
+        "clone": 220,
+        "pivot_root": 41,
+        "setns": 268,
+        "seccomp": 277,
+        "execveat": 281,
+        "pidfd_send_signal": 424,
+        "pidfd_open": 434,
+        "openat2": 437,
+        "capset": 91,
+        "capget": 90,
+        "statx": 291,
+    },
+}
+
+
+class KernelError(OSError):
+    """A kernel call failed: which step, on which object, and why."""
+
+    def __init__(self, error_number: int, step: str, target: str = "") -> None:
+        message = f"{step} failed"
+        if target:
+            message += f" on {target}"
+        message += f": {os.strerror(error_number)}"
+        super().__init__(error_number, message)
+        self.step = step
+        self.target = target
+
+    def __str__(self) -> str:
+        return str(self.args[1])
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+# clone() returns twice.  PyDLL keeps the GIL held across the call, so the
+# child comes back holding the interpreter state it expects.
+_libc_keep_gil = ctypes.PyDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
+_libc_keep_gil.syscall.restype = ctypes.c_long
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
+_libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.unshare.argtypes = [ctypes.c_int]
+_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+_libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
+
+try:
+    _NUMBERS = _SYSCALL_NUMBERS[platform.machine()]
+except KeyError as missing:  # pragma: no cover - import-time platform guard
+    raise ImportError(f"forkyard's engine does not support {platform.machine()}") from missing
+
+
+def _fail(step: str, target: str = "") -> KernelError:
+    return KernelError(ctypes.get_errno(), step, target)
+
+
+def _encode(value: str | bytes | None) -> bytes | None:
+    if value is None:
+        return None
+    return value if isinstance(value, bytes) else os.fsencode(value)
+
+
+class _OpenHow(ctypes.Structure):
+    _fields_ = [("flags", ctypes.c_uint64), ("mode", ctypes.c_uint64), ("resolve", ctypes.c_uint64)]
+
+
+class _SockFilterProgram(ctypes.Structure):
+    _fields_ = [("length", ctypes.c_ushort), ("filter", ctypes.c_void_p)]
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32), ("inheritable", ctypes.c_uint32)]
+
+
+class Kernel:
+    """Real system calls.  Every method raises KernelError on failure."""
+
+    def clone_process(self, flags: int) -> int:
+        """fork() into new namespaces: returns 0 in the child, its pid in the parent.
+
+        A raw clone (no new stack, no CLONE_VM) behaves like fork, so the
+        child is the new pid namespace's PID 1 at once, with no second fork.
+        """
+        import signal
+
+        pid = _libc_keep_gil.syscall(_NUMBERS["clone"], ctypes.c_ulong(flags | signal.SIGCHLD), None, None, None, None)
+        if pid < 0:
+            raise _fail("clone")
+        return int(pid)
+
+    def unshare(self, flags: int) -> None:
+        if _libc.unshare(flags) != 0:
+            raise _fail("unshare", hex(flags))
+
+    def setns(self, fd: int, namespace_type: int) -> None:
+        if _libc.syscall(_NUMBERS["setns"], fd, namespace_type) != 0:
+            raise _fail("setns", hex(namespace_type))
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+        if _libc.mount(_encode(source), _encode(target), _encode(fstype), flags, _encode(data)) != 0:
+            raise _fail(f"mount {fstype or 'bind'}", target)
+
+    def umount(self, target: str, flags: int = 0) -> None:
+        if _libc.umount2(_encode(target), flags) != 0:
+            raise _fail("umount", target)
+
+    def pivot_root(self, new_root: str, put_old: str) -> None:
+        if _libc.syscall(_NUMBERS["pivot_root"], _encode(new_root), _encode(put_old)) != 0:
+            raise _fail("pivot_root", new_root)
+
+    def sethostname(self, name: str) -> None:
+        raw = name.encode()
+        if _libc.sethostname(raw, len(raw)) != 0:
+            raise _fail("sethostname", name)
+
+    def prctl(self, option: int, arg2: int = 0, arg3: int = 0) -> None:
+        if _libc.prctl(option, arg2, arg3, 0, 0) != 0:
+            raise _fail("prctl", str(option))
+
+    def drop_bounding_capabilities(self, keep: Sequence[int]) -> None:
+        kept = set(keep)
+        for capability in range(LAST_CAPABILITY + 1):
+            if capability in kept:
+                continue
+            if _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0 and ctypes.get_errno() != errno_module.EINVAL:
+                raise _fail("drop capability", str(capability))
+        if _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
+            raise _fail("clear ambient capabilities")
+
+    def set_capabilities(self, keep: Sequence[int]) -> None:
+        """Effective, permitted and inheritable become exactly ``keep``."""
+        words = [0, 0]
+        for capability in keep:
+            words[capability // 32] |= 1 << (capability % 32)
+        header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)(*[_CapData(word, word, word) for word in words])
+        if _libc.syscall(_NUMBERS["capset"], ctypes.byref(header), data) != 0:
+            raise _fail("capset")
+
+    @contextmanager
+    def filesystem_identity(self, uid: int, gid: int) -> Iterator[None]:
+        """Act on files as ``uid``/``gid``, in this thread only.
+
+        A sandbox's overlay is mounted in its user namespace, where host root
+        is not mapped: creating a file there as uid 0 fails with EOVERFLOW.
+        setfsuid is per thread, so a worker thread can act as the sandbox's
+        root while the rest of the engine stays root.  Leaving uid 0 drops
+        the file capabilities from the effective set; we take them back from
+        the permitted set so that permissions inside the sandbox never stop
+        the engine.
+        """
+        _libc.setfsgid(gid)
+        _libc.setfsuid(uid)
+        try:
+            self._raise_effective_capabilities()
+            yield
+        finally:
+            _libc.setfsuid(0)
+            _libc.setfsgid(0)
+
+    def _raise_effective_capabilities(self) -> None:
+        header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
+        data = (_CapData * 2)()
+        if _libc.syscall(_NUMBERS["capget"], ctypes.byref(header), data) != 0:
+            raise _fail("capget")
+        for item in data:
+            item.effective = item.permitted
+        if _libc.syscall(_NUMBERS["capset"], ctypes.byref(header), data) != 0:
+            raise _fail("capset")
+
+    def set_seccomp_filter(self, program: bytes) -> None:
+        """Install a classic-BPF seccomp program (8 bytes per instruction)."""
+        buffer = ctypes.create_string_buffer(program, len(program))
+        fprog = _SockFilterProgram(len(program) // 8, ctypes.cast(buffer, ctypes.c_void_p))
+        if _libc.syscall(_NUMBERS["seccomp"], SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(fprog)) != 0:
+            raise _fail("seccomp")
+
+    def execveat(self, fd: int, argv: Sequence[str], env: Sequence[str]) -> None:
+        """Execute the file open at ``fd``: only returns by raising."""
+        arguments = (ctypes.c_char_p * (len(argv) + 1))(*[a.encode() for a in argv], None)
+        environment = (ctypes.c_char_p * (len(env) + 1))(*[e.encode() for e in env], None)
+        _libc.syscall(_NUMBERS["execveat"], fd, b"", arguments, environment, AT_EMPTY_PATH)
+        raise _fail("execveat", f"fd {fd}")
+
+    def pidfd_open(self, pid: int) -> int:
+        fd = _libc.syscall(_NUMBERS["pidfd_open"], pid, 0)
+        if fd < 0:
+            raise _fail("pidfd_open", str(pid))
+        return int(fd)
+
+    def pidfd_send_signal(self, pidfd: int, signal_number: int) -> None:
+        if _libc.syscall(_NUMBERS["pidfd_send_signal"], pidfd, signal_number, None, 0) != 0:
+            raise _fail("pidfd_send_signal", f"pidfd {pidfd}")
+
+    def openat2(self, dir_fd: int, path: str | bytes, flags: int, resolve: int, mode: int = 0) -> int:
+        how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
+        fd = _libc.syscall(_NUMBERS["openat2"], dir_fd, _encode(path), ctypes.byref(how), ctypes.sizeof(how))
+        if fd < 0:
+            raise _fail("openat2", os.fsdecode(path))
+        return int(fd)
+
+
+def mount_id(fd: int, name: str = "") -> int:
+    """The id of the mount holding ``name`` (relative to ``fd``), or ``fd`` itself.
+
+    st_dev cannot tell mount points apart on overlayfs, whose files report the
+    device of the layer they come from; the mount id can.
+    """
+    buffer = ctypes.create_string_buffer(256)
+    flags = AT_SYMLINK_NOFOLLOW | (0 if name else AT_EMPTY_PATH)
+    if _libc.syscall(_NUMBERS["statx"], fd, _encode(name) or b"", flags, STATX_MNT_ID, buffer) != 0:
+        raise _fail("statx", name or f"fd {fd}")
+    # struct statx: stx_mnt_id is the u64 at offset 144.
+    return int(struct.unpack_from("=Q", buffer.raw, 144)[0])
+
+
+@dataclass
+class RecordingKernel(Kernel):
+    """Records calls instead of making them; for tests that run without root."""
+
+    calls: list[tuple[Any, ...]] = field(default_factory=list)
+
+    def mount(self, source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
+        self.calls.append(("mount", source, target, fstype, flags, data))
+
+    def umount(self, target: str, flags: int = 0) -> None:
+        self.calls.append(("umount", target, flags))
+
+    def pivot_root(self, new_root: str, put_old: str) -> None:
+        self.calls.append(("pivot_root", new_root, put_old))
+
+    def sethostname(self, name: str) -> None:
+        self.calls.append(("sethostname", name))
+
+    def unshare(self, flags: int) -> None:
+        self.calls.append(("unshare", flags))
+
+
+def process_start_time(pid: int, proc: str = "/proc") -> int:
+    """Field 22 of /proc/<pid>/stat: with the pid, it names one process forever."""
+    with open(f"{proc}/{pid}/stat", "rb") as stat:
+        raw = stat.read()
+    # The command name may hold spaces and parentheses: split after the last ')'.
+    fields = raw[raw.rindex(b")") + 2 :].split()
+    return int(fields[19])
+
+
+def loopback_up() -> None:
+    """Bring up ``lo`` in the current network namespace (SIOCSIFFLAGS)."""
+    import fcntl
+    import socket
+
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as handle:
+        request = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(handle, siocgifflags, request))[1]
+        fcntl.ioctl(handle, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))

@@ -1,0 +1,75 @@
+"""Fixtures shared by the whole suite.
+
+Tests that create real sandboxes need root (namespaces, mounts, cgroups); they
+are marked ``root`` and check for it.  Under CI (``FORKYARD_CI=1``) a missing
+privilege is a failure, never a silent skip.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxes.engine.client import EngineClient
+from tests.support.engine import EngineProcess
+
+IS_ROOT = os.geteuid() == 0
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if IS_ROOT:
+        return
+    if os.environ.get("FORKYARD_CI"):
+        raise pytest.UsageError("FORKYARD_CI is set but the suite is not running as root: the kernel tests would not run")
+    skip = pytest.mark.skip(reason="needs root: creates namespaces, mounts and cgroups")
+    for item in items:
+        if "root" in item.keywords:
+            item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def work_dir() -> Iterator[Path]:
+    # Short paths: Unix socket paths are limited to 108 bytes.
+    directory = Path(tempfile.mkdtemp(prefix="fy-", dir="/tmp"))
+    os.chmod(directory, 0o755)
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def engine_process(work_dir: Path) -> Iterator[EngineProcess]:
+    engine = EngineProcess(work_dir / "engine")
+    engine.start()
+    with engine.client() as client:
+        client.call("templates.build_base", name="base", replace=True)
+    yield engine
+    engine.reclaim()
+
+
+@pytest.fixture
+def engine(engine_process: EngineProcess) -> Iterator[EngineClient]:
+    with engine_process.client() as client:
+        yield client
+
+
+@pytest.fixture
+def sandbox(engine: EngineClient) -> Iterator[str]:
+    created = engine.create(template="base", size="tiny", ttl_s=600)
+    yield created["id"]
+    engine.destroy(created["id"])
+
+
+@pytest.fixture(scope="session")
+def probe_binary(work_dir: Path) -> Path:
+    """The probe, built static so that it runs in the busybox template."""
+    source = Path(__file__).parent / "probe" / "probe.c"
+    output = work_dir / "probe"
+    compiler = ["musl-gcc"] if shutil.which("musl-gcc") else ["gcc"]
+    subprocess.run(compiler + ["-static", "-O1", "-o", str(output), str(source)], check=True)
+    return output

@@ -1,0 +1,206 @@
+"""The file API: read, write, list, tar up and down, and every escape a sandbox can plant."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from sandboxes.engine import errors
+
+pytestmark = pytest.mark.root
+
+
+def test_write_then_read_then_seen_by_exec(engine, sandbox):
+    data = os.urandom(300_000)
+    assert engine.write_file(sandbox, "/data/blob.bin", data, make_parents=True)["bytes"] == len(data)
+    assert engine.read_file(sandbox, "/data/blob.bin") == data
+    assert engine.exec(sandbox, "wc -c < /data/blob.bin").stdout.strip() == str(len(data)).encode()
+
+
+def test_written_files_belong_to_root_inside(engine, sandbox):
+    engine.write_file(sandbox, "/tmp/owned", b"x", mode=0o600)
+    assert engine.exec(sandbox, "stat -c '%u %g %a' /tmp/owned").stdout.strip() == b"0 0 600"
+    engine.exec(sandbox, "echo more >> /tmp/owned")  # root inside can still write it
+    assert engine.read_file(sandbox, "/tmp/owned") == b"xmore\n"
+
+
+def test_list_shows_types_sizes_and_links(engine, sandbox):
+    engine.exec(sandbox, "mkdir -p /w/sub && echo hi > /w/file && ln -s /etc/passwd /w/link && mkfifo /w/pipe")
+    listing = engine.list_files(sandbox, "/w")
+    entries = {entry["name"]: entry for entry in listing["entries"]}
+    assert entries["file"]["type"] == "file" and entries["file"]["size"] == 3
+    assert entries["sub"]["type"] == "directory"
+    assert entries["link"]["type"] == "symlink" and entries["link"]["link_target"] == "/etc/passwd"
+    assert entries["pipe"]["type"] == "fifo"
+
+
+def test_hostile_file_names_are_listed_safely(engine, sandbox):
+    engine.exec(sandbox, "mkdir /names && cd /names && touch \"$(printf 'new\\nline')\" \"$(printf 'bad\\377byte')\" ' spaced '")
+    names = {entry["name"] for entry in engine.list_files(sandbox, "/names")["entries"]}
+    assert "new\nline" in names
+    assert " spaced " in names
+    assert "bad\ufffdbyte" in names
+
+
+def test_absolute_symlink_to_host_file_is_resolved_inside_the_sandbox(engine, sandbox, tmp_path):
+    secret = tmp_path / "host-secret"
+    secret.write_text("the host's secret")
+    engine.exec(sandbox, f"mkdir -p {tmp_path} && echo sandbox-copy > {secret} && ln -s {secret} /tmp/escape")
+    # Resolved inside: the sandbox's own file, never the host's.
+    assert engine.read_file(sandbox, "/tmp/escape") == b"sandbox-copy\n"
+    engine.exec(sandbox, f"rm {secret}")
+    with pytest.raises(errors.FileNotFound):
+        engine.read_file(sandbox, "/tmp/escape")
+    assert secret.read_text() == "the host's secret"
+
+
+def test_dotdot_cannot_climb_out_of_the_sandbox(engine, sandbox):
+    host_passwd = Path("/etc/passwd").read_bytes()
+    inside = engine.read_file(sandbox, "/../../../../etc/passwd")
+    assert inside != host_passwd
+    assert inside.startswith(b"root:x:0:0:root:/root:/bin/sh")
+
+
+def test_relative_symlink_with_dotdots_stays_inside(engine, sandbox):
+    engine.exec(sandbox, "ln -s ../../../../../../etc /tmp/up")
+    assert engine.read_file(sandbox, "/tmp/up/passwd").startswith(b"root:x:0:0:root:/root:/bin/sh")
+
+
+def test_write_through_planted_symlink_cannot_touch_the_host(engine, sandbox, tmp_path):
+    target = tmp_path / "victim"
+    target.write_text("untouched")
+    # The same path exists inside, so the links resolve (inside) and writes succeed.
+    engine.exec(sandbox, f"mkdir -p {tmp_path} && ln -s {target} /tmp/trap && ln -s {tmp_path} /tmp/dirtrap")
+    engine.write_file(sandbox, "/tmp/trap", b"overwritten?")
+    engine.write_file(sandbox, "/tmp/dirtrap/victim", b"overwritten?", make_parents=True)
+    assert target.read_text() == "untouched"
+    # The writes landed inside the sandbox, where the links point there.
+    assert engine.exec(sandbox, f"cat {target}").stdout == b"overwritten?"
+
+
+def test_magic_links_are_refused(engine, sandbox):
+    engine.exec(sandbox, "ln -s /proc/self/root /tmp/magic")
+    with pytest.raises(errors.EngineError) as raised:
+        engine.read_file(sandbox, "/tmp/magic/etc/hostname")
+    assert raised.value.code in {"invalid_path", "file_not_found"}
+    with pytest.raises(errors.InvalidPath):
+        engine.read_file(sandbox, "/proc/1/environ")  # other mounts are not files of the sandbox
+
+
+def test_fifo_does_not_hang_the_engine(engine, sandbox):
+    engine.exec(sandbox, "mkfifo /tmp/fifo")
+    with pytest.raises(errors.NotAFile):
+        engine.read_file(sandbox, "/tmp/fifo")
+    with pytest.raises(errors.NotAFile):
+        engine.write_file(sandbox, "/tmp/fifo", b"x")
+
+
+def test_directory_download_is_a_tar_of_the_tree(engine, sandbox):
+    engine.exec(
+        sandbox, "mkdir -p /proj/src && echo 'print(1)' > /proj/src/a.py && ln -s src/a.py /proj/link && mkfifo /proj/fifo"
+    )
+    archive = tarfile.open(fileobj=io.BytesIO(b"".join(engine.download(sandbox, "/proj"))))
+    members = {member.name: member for member in archive.getmembers()}
+    assert members["proj/src/a.py"].isfile()
+    assert archive.extractfile("proj/src/a.py").read() == b"print(1)\n"
+    assert members["proj/link"].issym() and members["proj/link"].linkname == "src/a.py"
+    assert "proj/fifo" not in members
+
+
+def test_download_follows_no_symlinked_directory_out_of_the_tree(engine, sandbox):
+    engine.exec(sandbox, "mkdir -p /d && ln -s / /d/root && ln -s /etc /d/etc")
+    archive = tarfile.open(fileobj=io.BytesIO(b"".join(engine.download(sandbox, "/d"))))
+    names = archive.getnames()
+    assert set(names) == {"d", "d/root", "d/etc"}
+
+
+def _tar(members: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w") as archive:
+        for info, data in members:
+            if data is not None:
+                info.size = len(data)
+            archive.addfile(info, io.BytesIO(data) if data is not None else None)
+    return buffer.getvalue()
+
+
+def test_tar_upload_unpacks_files_dirs_and_links(engine, sandbox):
+    directory = tarfile.TarInfo("pkg")
+    directory.type = tarfile.DIRTYPE
+    directory.mode = 0o755
+    script = tarfile.TarInfo("pkg/run.sh")
+    script.mode = 0o755
+    link = tarfile.TarInfo("pkg/latest")
+    link.type = tarfile.SYMTYPE
+    link.linkname = "run.sh"
+    counts = engine.upload(sandbox, "/opt", _tar([(directory, None), (script, b"#!/bin/sh\necho ran\n"), (link, None)]))
+    assert counts["files"] == 1 and counts["symlinks"] == 1
+    assert engine.exec(sandbox, "/opt/pkg/latest").stdout == b"ran\n"
+
+
+def test_tar_upload_cannot_escape_with_dotdot_or_a_symlink_parent(engine, sandbox, tmp_path):
+    escape = tarfile.TarInfo(f"../../../../{tmp_path}/dotdot")
+    parent = tarfile.TarInfo("evil")
+    parent.type = tarfile.SYMTYPE
+    parent.linkname = str(tmp_path)
+    through = tarfile.TarInfo("evil/through-link")
+    device = tarfile.TarInfo("dev-node")
+    device.type = tarfile.CHRTYPE
+    device.devmajor, device.devminor = 1, 3
+    engine.exec(sandbox, f"mkdir -p {tmp_path}")
+    counts = engine.upload(sandbox, "/up", _tar([(escape, b"x"), (parent, None), (through, b"y"), (device, None)]))
+    assert counts["skipped"] == 2  # the '..' member and the device
+    assert {error["reason"] for error in counts["errors"]} == {"'..' in the name", "devices and FIFOs are not accepted"}
+    assert list(tmp_path.iterdir()) == []
+    # The symlinked parent resolved inside the sandbox.
+    assert engine.exec(sandbox, f"cat {tmp_path}/through-link").stdout == b"y"
+
+
+def test_tar_member_that_resolves_nowhere_is_reported_and_the_rest_unpacked(engine, sandbox):
+    dangling = tarfile.TarInfo("dangling")
+    dangling.type = tarfile.SYMTYPE
+    dangling.linkname = "/does/not/exist"
+    lost = tarfile.TarInfo("dangling/file")
+    kept = tarfile.TarInfo("kept")
+    counts = engine.upload(sandbox, "/partial", _tar([(dangling, None), (lost, b"a"), (kept, b"b")]))
+    assert counts["skipped"] == 1 and counts["errors"][0]["name"] == "dangling/file"
+    assert engine.read_file(sandbox, "/partial/kept") == b"b"
+
+
+def test_file_errors_have_stable_codes(engine, sandbox):
+    with pytest.raises(errors.FileNotFound):
+        engine.read_file(sandbox, "/no/such/file")
+    with pytest.raises(errors.NotAFile):
+        engine.read_file(sandbox, "/etc")
+    with pytest.raises(errors.InvalidPath):
+        engine.read_file(sandbox, "bad\0path")
+    with pytest.raises(errors.InvalidPath):
+        engine.call("files.read", id=sandbox, path="")
+    with pytest.raises(errors.InvalidRequest):
+        engine.call("files.read", id=sandbox, path=7)
+    with pytest.raises(errors.NotADirectory):
+        engine.list_files(sandbox, "/etc/passwd")
+    with pytest.raises(errors.SandboxNotFound):
+        engine.read_file("sb-nosuchsandbox", "/etc/passwd")
+
+
+def test_oversized_read_is_refused(engine_process, sandbox):
+    with engine_process.client() as client:
+        client.exec(sandbox, "truncate -s 2G /tmp/huge")
+        with pytest.raises(errors.TooLarge):
+            client.read_file(sandbox, "/tmp/huge")
+        assert client.exec(sandbox, "echo still fine").stdout == b"still fine\n"
+
+
+def test_writes_never_reach_the_template_layer(engine_process, engine, sandbox):
+    engine.exec(sandbox, "echo changed > /etc/os-release && rm /bin/ls")
+    other = engine.create(template="base", size="tiny")["id"]
+    try:
+        assert b"forkyard base" in engine.read_file(other, "/etc/os-release")
+        assert engine.exec(other, "ls /").exit_code == 0
+    finally:
+        engine.destroy(other)

@@ -1,0 +1,179 @@
+"""Kill the engine at any moment and start it again: the record matches the kernel, nothing leaks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxes.engine import errors, faults
+from sandboxes.engine.cgroups import detect
+from tests.support.engine import EngineProcess
+from tests.support.leaks import snapshot_host
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture
+def own_engine(work_dir: Path) -> Iterator[EngineProcess]:
+    engine = EngineProcess(work_dir / f"recovery-{os.urandom(3).hex()}")
+    engine.start()
+    with engine.client() as client:
+        client.call("templates.build_base", name="base", replace=True)
+    yield engine
+    engine.reclaim()
+    engine.remove_files()
+
+
+def test_sigkill_and_restart_adopts_running_and_paused_sandboxes(own_engine: EngineProcess):
+    with own_engine.client() as client:
+        running = client.create(template="base", size="tiny", ttl_s=600)["id"]
+        client.write_file(running, "/state.txt", b"kept across the restart")
+        client.exec(running, "setsid sleep 600 >/dev/null 2>&1 < /dev/null &")
+        paused = client.create(template="base", size="tiny", ttl_s=600)["id"]
+        client.call("pause", id=paused)
+        doomed = client.create(template="base", size="tiny", ttl_s=600)["id"]
+        client.destroy(doomed)
+    own_engine.kill()
+    # While the engine is down, sandboxes keep running (they are the spawner's children).
+    own_engine.start()
+    with own_engine.client() as client:
+        recovery = client.info()["recovery"]
+        assert set(recovery["adopted_ids"]) == {running, paused}
+        assert recovery["reaped"] == 0
+        assert client.read_file(running, "/state.txt") == b"kept across the restart"
+        assert client.exec(running, "ps -o args | grep -c '[s]leep 600'").stdout.strip() == b"1"
+        assert client.get(paused)["state"] == "paused"
+        client.call("resume", id=paused)
+        assert client.exec(paused, "echo back").stdout == b"back\n"
+        assert client.get(doomed)["state"] == "destroyed"
+        for sandbox in (running, paused):
+            client.destroy(sandbox)
+        assert client.list() == []
+
+
+def test_sigkill_of_engine_and_spawner_reaps_orphans_without_leaks(own_engine: EngineProcess):
+    with own_engine.client() as client:
+        before = snapshot_host(own_engine)
+        for _ in range(3):
+            client.create(template="base", size="tiny", ttl_s=600)
+    spawner = own_engine.spawner_pid()
+    assert spawner
+    own_engine.kill()
+    os.kill(spawner, signal.SIGKILL)
+    own_engine.start()
+    with own_engine.client() as client:
+        # The spawner is gone, so the inits answer nobody's waitpid but ours;
+        # they are alive, healthy and adopted.
+        adopted = client.info()["recovery"]["adopted_ids"]
+        assert len(adopted) == 3
+        for sandbox in adopted:
+            assert client.exec(sandbox, "echo ok").stdout == b"ok\n"
+            client.destroy(sandbox)
+    after = snapshot_host(own_engine)
+    assert after.leaks_since(before) == {}
+
+
+def test_sandbox_dying_while_the_engine_is_down_is_noticed(own_engine: EngineProcess):
+    with own_engine.client() as client:
+        sandbox = client.create(template="base", size="tiny", ttl_s=600)
+    own_engine.kill()
+    os.kill(client_pid := _init_pid(own_engine, sandbox["id"]), signal.SIGKILL)
+    assert client_pid > 1
+    own_engine.start()
+    with own_engine.client() as client:
+        assert client.info()["recovery"]["stopped"] == 1
+        assert client.get(sandbox["id"])["state"] == "stopped"
+        with pytest.raises(errors.SandboxNotRunning):
+            client.exec(sandbox["id"], "true")
+        assert client.destroy(sandbox["id"])["state"] == "destroyed"
+    assert not detect(own_engine.config).exists(f"fy-{sandbox['id']}")
+
+
+def _init_pid(engine: EngineProcess, sandbox_id: str) -> int:
+    database = sqlite3.connect(engine.config.database_path)
+    import json
+
+    (raw,) = database.execute("SELECT record FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+    database.close()
+    return int(json.loads(raw)["pid"])
+
+
+def test_init_killed_from_outside_is_noticed_live(own_engine: EngineProcess):
+    with own_engine.client() as client:
+        sandbox = client.create(template="base", size="tiny", ttl_s=600)["id"]
+        os.kill(_init_pid(own_engine, sandbox), signal.SIGKILL)
+        deadline = time.monotonic() + 5
+        while client.get(sandbox)["state"] != "stopped" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.get(sandbox)["state"] == "stopped"
+        assert "init exited" in client.get(sandbox)["reason"]
+        client.destroy(sandbox)
+
+
+@pytest.mark.parametrize("step", faults.STEPS)
+def test_crash_at_each_step_is_cleaned_up_at_start(own_engine: EngineProcess, step: str):
+    with own_engine.client() as client:
+        before = snapshot_host(own_engine)
+        survivor = client.create(template="base", size="tiny", ttl_s=600)["id"]
+        victim = client.create(template="base", size="tiny", ttl_s=600)["id"] if step.startswith("destroy") else None
+    own_engine.stop()
+    own_engine.start(crash_at=step)
+    with own_engine.client(timeout_s=30) as client:
+        with pytest.raises(errors.Unavailable):
+            if victim:
+                client.destroy(victim)
+            else:
+                client.create(template="base", size="tiny", id="crash-victim")
+    assert own_engine.wait_exit() == 137
+    own_engine.start()
+    with own_engine.client() as client:
+        recovery = client.info()["recovery"]
+        assert recovery["adopted_ids"] == [survivor]
+        cleaned = recovery["reaped"] + recovery["cgroups_removed"] + recovery["sockets_removed"] + recovery["processes_killed"]
+        if step != "create:recorded":
+            assert cleaned > 0, recovery
+        assert client.exec(survivor, "echo survived").stdout == b"survived\n"
+        gone = victim or "crash-victim"
+        assert client.get(gone)["state"] == "destroyed"
+        client.destroy(survivor)
+    assert snapshot_host(own_engine).leaks_since(before) == {}
+
+
+def test_corrupted_record_is_quarantined_and_the_rest_unaffected(own_engine: EngineProcess):
+    with own_engine.client() as client:
+        healthy = client.create(template="base", size="tiny", ttl_s=600)["id"]
+        corrupted = client.create(template="base", size="tiny", ttl_s=600)["id"]
+    own_engine.kill()
+    database = sqlite3.connect(own_engine.config.database_path)
+    database.execute("UPDATE sandboxes SET record = ? WHERE id = ?", ('{"id": "half-writ', corrupted))
+    database.commit()
+    database.close()
+    own_engine.start()
+    with own_engine.client() as client:
+        recovery = client.info()["recovery"]
+        assert recovery["quarantined"] == 1
+        assert recovery["adopted_ids"] == [healthy]
+        # The corrupted sandbox's kernel objects were found through its cgroup and removed.
+        assert recovery["cgroups_removed"] == 1
+        assert client.exec(healthy, "echo fine").stdout == b"fine\n"
+        with pytest.raises(errors.SandboxNotFound):
+            client.get(corrupted)
+        client.destroy(healthy)
+
+
+def test_unreadable_database_is_set_aside(own_engine: EngineProcess):
+    own_engine.kill()
+    for suffix in ("", "-wal", "-shm"):
+        path = Path(str(own_engine.config.database_path) + suffix)
+        if path.exists():
+            path.write_bytes(b"this is not a database" * 100)
+    own_engine.start()
+    with own_engine.client() as client:
+        assert client.list() == []
+    assert list(own_engine.config.state_dir.glob("engine.sqlite3.corrupt-*"))

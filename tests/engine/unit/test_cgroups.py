@@ -1,0 +1,83 @@
+"""Cgroup v1 and v2 drivers on fake trees: the files they write, without root."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sandboxes.engine import cgroups
+from sandboxes.engine.config import EngineConfig
+
+
+def _proc(tmp_path: Path, lines: str) -> Path:
+    proc = tmp_path / "proc"
+    (proc / "self").mkdir(parents=True)
+    (proc / "self" / "cgroup").write_text(lines)
+    return proc
+
+
+def test_v1_limits_under_the_engines_own_nested_memory_cgroup(tmp_path: Path):
+    root = tmp_path / "cgroup"
+    for controller in cgroups.CgroupsV1.CONTROLLERS:
+        (root / controller).mkdir(parents=True)
+        (root / controller / "cgroup.procs").write_text("")
+    proc = _proc(tmp_path, "4:memory:/host/job-1\n3:pids:/\n2:freezer:/\n1:cpu:/\n5:cpuacct:/\n0::/\n")
+    driver = cgroups.detect(EngineConfig(cgroup_root=root, proc_dir=proc))
+    assert isinstance(driver, cgroups.CgroupsV1)
+    driver.setup()
+    assert driver.parents["memory"] == root / "memory" / "host" / "job-1" / "forkyard"
+    assert driver.parents["pids"] == root / "pids" / "forkyard"
+    procs = driver.create("fy-a", cgroups.Limits(cpu=1.5, memory_bytes=128 << 20, pids=256))
+    assert str(root / "memory/host/job-1/forkyard/fy-a/cgroup.procs") in procs
+    assert (root / "memory/host/job-1/forkyard/fy-a/memory.limit_in_bytes").read_text() == str(128 << 20)
+    assert (root / "cpu/forkyard/fy-a/cpu.cfs_quota_us").read_text() == "150000"
+    assert (root / "pids/forkyard/fy-a/pids.max").read_text() == "256"
+    assert driver.names() == ["fy-a"]
+
+
+def test_v2_engine_moves_into_a_leaf_and_enables_controllers(tmp_path: Path):
+    root = tmp_path / "cgroup"
+    service = root / "system.slice" / "forkyard.service"
+    service.mkdir(parents=True)
+    (root / "cgroup.controllers").write_text("cpu memory pids io\n")
+    (service / "cgroup.controllers").write_text("cpu memory pids\n")
+    (service / "cgroup.subtree_control").write_text("")
+    (service / "cgroup.procs").write_text("4242\n")
+    proc = _proc(tmp_path, "0::/system.slice/forkyard.service\n")
+    driver = cgroups.detect(EngineConfig(cgroup_root=root, proc_dir=proc))
+    assert isinstance(driver, cgroups.CgroupsV2)
+    (service / "forkyard").mkdir()
+    (service / "forkyard" / "cgroup.subtree_control").write_text("")
+    driver.setup()
+    assert (service / "engine" / "cgroup.procs").read_text() == "4242"
+    assert (service / "cgroup.subtree_control").read_text() == "+cpu +memory +pids"
+    driver.create("fy-b", cgroups.Limits(cpu=0.5, memory_bytes=1 << 30, pids=100))
+    sandbox = service / "forkyard" / "fy-b"
+    assert (sandbox / "cpu.max").read_text() == "50000 100000"
+    assert (sandbox / "memory.max").read_text() == str(1 << 30)
+    assert (sandbox / "pids.max").read_text() == "100"
+
+
+def test_v2_refuses_to_run_without_its_controllers(tmp_path: Path):
+    root = tmp_path / "cgroup"
+    root.mkdir()
+    (root / "cgroup.controllers").write_text("io\n")
+    (root / "cgroup.subtree_control").write_text("")
+    proc = _proc(tmp_path, "0::/\n")
+    driver = cgroups.detect(EngineConfig(cgroup_root=root, proc_dir=proc))
+    (root / "forkyard").mkdir()
+    (root / "forkyard" / "cgroup.subtree_control").write_text("")
+    with pytest.raises(cgroups.CgroupError) as raised:
+        driver.setup()
+    assert raised.value.details["missing"] == ["cpu", "memory", "pids"]
+
+
+def test_absolute_parent_is_taken_as_is(tmp_path: Path):
+    root = tmp_path / "cgroup"
+    for controller in cgroups.CgroupsV1.CONTROLLERS:
+        (root / controller).mkdir(parents=True)
+        (root / controller / "cgroup.procs").write_text("")
+    proc = _proc(tmp_path, "4:memory:/deep/inside\n")
+    driver = cgroups.CgroupsV1(EngineConfig(cgroup_root=root, proc_dir=proc, cgroup_parent="/sandboxes"))
+    assert driver.parents["memory"] == root / "memory" / "sandboxes"

@@ -1,0 +1,1 @@
+"""Shared test support: fixtures live in tests/conftest.py, helpers here."""
