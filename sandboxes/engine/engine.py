@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import execution, faults
+from . import execution, faults, rootfs
 from .cgroups import PREFIX, Cgroups, Limits, detect
 from .config import MEBIBYTE, EngineConfig, Size
 from .errors import (
@@ -129,6 +129,7 @@ class Engine:
             os.chmod(directory, mode)
         for shared in ("root", "scratch"):
             (config.mount_dir / shared).mkdir(exist_ok=True)
+        rootfs.prepare_dev(str(config.state_dir / "dev"))
         if config.init_binary == BUILD_DIR / "forkyard-init":
             build_init()  # a no-op unless init.c changed
         elif not config.init_binary.exists():
@@ -157,11 +158,14 @@ class Engine:
 
     async def _spawner_lost(self) -> None:
         log.warning("the spawner went away; starting another")
-        await asyncio.sleep(0.1)
-        try:
-            self.spawner.start()
-        except EngineError as error:
-            log.error("could not restart the spawner: %s", error)
+        delay = 0.1
+        while self.spawner.connection is None:
+            await asyncio.sleep(delay)
+            try:
+                self.spawner.start()
+            except EngineError as error:
+                log.error("could not restart the spawner: %s", error)
+                delay = min(delay * 2, 5.0)
         self._sweep_dead()
 
     async def _housekeeping(self) -> None:
@@ -429,6 +433,7 @@ class Engine:
                     "scratch_dir": str(self.config.mount_dir / "scratch"),
                     "root_dir": str(self.config.mount_dir / "root"),
                     "disk_bytes": record.disk_bytes,
+                    "dev_dir": str(self.config.state_dir / "dev"),
                 },
             }
             record.pid, record.start_time = await self.spawner.spawn(spec)

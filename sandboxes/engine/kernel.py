@@ -13,12 +13,13 @@ from __future__ import annotations
 import ctypes
 import errno as errno_module
 import os
-import platform
 import struct
-from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator, Sequence
+    from typing import Any
 
 # Namespace flags (linux/sched.h).
 CLONE_NEWNS = 0x00020000
@@ -123,10 +124,11 @@ _libc.unshare.argtypes = [ctypes.c_int]
 _libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
+MACHINE = os.uname().machine
 try:
-    _NUMBERS = _SYSCALL_NUMBERS[platform.machine()]
+    _NUMBERS = _SYSCALL_NUMBERS[MACHINE]
 except KeyError as missing:  # pragma: no cover - import-time platform guard
-    raise ImportError(f"forkyard's engine does not support {platform.machine()}") from missing
+    raise ImportError(f"forkyard's engine does not support {MACHINE}") from missing
 
 
 def _fail(step: str, target: str = "") -> KernelError:
@@ -297,11 +299,11 @@ def mount_id(fd: int, name: str = "") -> int:
     return int(struct.unpack_from("=Q", buffer.raw, 144)[0])
 
 
-@dataclass
 class RecordingKernel(Kernel):
     """Records calls instead of making them; for tests that run without root."""
 
-    calls: list[tuple[Any, ...]] = field(default_factory=list)
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
 
     def mount(self, source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
         self.calls.append(("mount", source, target, fstype, flags, data))
@@ -329,12 +331,10 @@ def process_start_time(pid: int, proc: str = "/proc") -> int:
 
 
 def loopback_up() -> None:
-    """Bring up ``lo`` in the current network namespace (SIOCSIFFLAGS)."""
+    """Bring up ``lo`` in the current network namespace (one SIOCSIFFLAGS)."""
     import fcntl
     import socket
 
-    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    siocsifflags, iff_up, iff_loopback = 0x8914, 0x1, 0x8
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as handle:
-        request = struct.pack("16sh", b"lo", 0)
-        flags = struct.unpack("16sh", fcntl.ioctl(handle, siocgifflags, request))[1]
-        fcntl.ioctl(handle, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
+        fcntl.ioctl(handle, siocsifflags, struct.pack("16sh", b"lo", iff_up | iff_loopback))

@@ -11,9 +11,10 @@ becomes PID 1.  The steps, in the order :func:`build` performs them:
 4. Open each mount target *inside* the new root without following symlinks
    (a template or snapshot may plant ``/proc -> /``), creating it if absent,
    and mount onto the opened directory through ``/proc/self/fd``.
-5. ``/proc``, a read-only ``/sys``, a minimal ``/dev`` (a tmpfs with the
-   host's null, zero, full, random, urandom and tty bound in, devpts, shm,
-   mqueue).
+5. ``/proc``, a read-only ``/sys``, a minimal ``/dev``: one bind of a
+   directory the engine prepared (null, zero, full, random, urandom, tty,
+   owned by host root, so the sandbox cannot change it), with devpts, shm and
+   mqueue mounted on it.
 6. Mask the ``/proc`` entries that reveal or reach the host kernel; make
    ``/proc/sys`` and friends read-only.
 7. ``pivot_root`` into the overlay and detach the host's tree.
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import errno
 import os
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from .kernel import (
     MNT_DETACH,
@@ -51,21 +52,12 @@ DEVICE_LINKS = {
     "stderr": "/proc/self/fd/2",
     "ptmx": "pts/ptmx",
 }
-# Files under /proc that reveal or reach the host kernel: /dev/null over them.
-MASKED_PROC_FILES = (
-    "kcore",
-    "keys",
-    "timer_list",
-    "sched_debug",
-    "latency_stats",
-    "timer_stats",
-    "kallsyms",
-    "kmsg",
-    "config.gz",
-    "vmallocinfo",
-    "pagetypeinfo",
-    "slabinfo",
-)
+DEVICE_DIRECTORIES = ("pts", "shm", "mqueue")
+# Files under /proc that reveal host kernel state to anyone who can read
+# them: /dev/null goes over them.  (kcore, kmsg, kallsyms' addresses,
+# slabinfo and the like are readable only by host root, whom a sandbox can
+# never be; masking them too would cost a mount each for nothing.)
+MASKED_PROC_FILES = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats")
 # Directories under /proc and /sys hidden behind an empty read-only tmpfs.
 MASKED_DIRECTORIES = ("proc/acpi", "proc/scsi", "proc/asound", "proc/driver", "sys/firmware")
 READ_ONLY_PROC = ("sys", "sysrq-trigger", "irq", "bus", "fs")
@@ -78,14 +70,45 @@ class RootfsError(KernelError):
     """A step failed, or the root filesystem itself is unusable."""
 
 
-@dataclass(frozen=True)
-class RootfsSpec:
+class RootfsSpec(NamedTuple):
     layers_dir: str  # layer directories are named relative to it
     lower: tuple[str, ...]  # topmost first, as overlayfs wants them
     scratch_dir: str  # shared, empty host directory: a mount point only
     root_dir: str  # likewise
     disk_bytes: int
+    dev_dir: str = ""  # prepared by prepare_dev(); empty in tests without root
     shm_bytes: int = 64 * 1024 * 1024
+
+
+def prepare_dev(directory: str, host_dev: str = "/dev") -> None:
+    """Make the directory every sandbox's /dev is a bind of (engine start, as root).
+
+    Device nodes are made with the host's own numbers; they and the directory
+    belong to host root, whom no sandbox maps, so a sandbox can use but never
+    change them.
+    """
+    import shutil
+    import stat as stat_module
+
+    staging = directory + ".new"
+    shutil.rmtree(staging, ignore_errors=True)
+    os.makedirs(staging, 0o755)
+    for device in DEVICES:
+        info = os.stat(os.path.join(host_dev, device))
+        os.mknod(os.path.join(staging, device), stat_module.S_IFCHR | 0o666, info.st_rdev)
+        os.chmod(os.path.join(staging, device), 0o666)
+    for name, target in DEVICE_LINKS.items():
+        os.symlink(target, os.path.join(staging, name))
+    for name in DEVICE_DIRECTORIES:
+        os.mkdir(os.path.join(staging, name), 0o755)
+    os.chmod(staging, 0o755)
+    if os.path.isdir(directory) and not os.path.islink(directory):
+        # Running sandboxes keep their bind of the old directory; rename it away.
+        os.rename(directory, f"{directory}.old-{os.getpid()}")
+    os.rename(staging, directory)
+    for entry in os.listdir(os.path.dirname(directory)):
+        if entry.startswith(os.path.basename(directory) + ".old-"):
+            shutil.rmtree(os.path.join(os.path.dirname(directory), entry), ignore_errors=True)
 
 
 def _inside(kernel: Kernel, root_fd: int, relative: str, mode: int = 0o755) -> int:
@@ -138,18 +161,17 @@ def _fd_path(fd: int, child: str = "") -> str:
 def _mount_dev(kernel: Kernel, root_fd: int, spec: RootfsSpec) -> None:
     target = _inside(kernel, root_fd, "dev")
     try:
-        kernel.mount("tmpfs", _fd_path(target), "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=1024k")
+        if spec.dev_dir:
+            kernel.mount(spec.dev_dir, _fd_path(target), None, MS_BIND)
+        else:  # no prepared directory (tests without root): an empty tmpfs
+            kernel.mount("tmpfs", _fd_path(target), "tmpfs", MS_NOSUID | MS_NOEXEC, "mode=755,size=64k")
     finally:
         os.close(target)
     dev = _mounted(kernel, root_fd, "dev")
     try:
-        for device in DEVICES:
-            os.close(os.open(device, os.O_CREAT | os.O_WRONLY | os.O_CLOEXEC, 0o666, dir_fd=dev))
-            kernel.mount(f"/dev/{device}", _fd_path(dev, device), None, MS_BIND)
-        for name, target in DEVICE_LINKS.items():
-            os.symlink(target, name, dir_fd=dev)
-        for directory in ("pts", "shm", "mqueue"):
-            os.mkdir(directory, 0o755, dir_fd=dev)
+        for directory in DEVICE_DIRECTORIES:
+            if not spec.dev_dir:
+                os.mkdir(directory, 0o755, dir_fd=dev)
         kernel.mount("devpts", _fd_path(dev, "pts"), "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5")
         kernel.mount("shm", _fd_path(dev, "shm"), "tmpfs", LOCKED, f"mode=1777,size={spec.shm_bytes}")
         kernel.mount("mqueue", _fd_path(dev, "mqueue"), "mqueue", LOCKED)

@@ -175,14 +175,14 @@ def _personality_prefix(personality_number: int) -> bytes:
     argument cannot be combined), so personality() is checked here: the
     listed values pass, any other is EPERM, other system calls fall through.
     """
-    import platform
+    from .kernel import MACHINE
 
     allowed = ALLOWED_PERSONALITIES
     # Layout: load arch, check, load nr, check, load arg0, N compares, deny, allow.
     length = 5 + len(allowed) + 2
     program = [
         _instruction(_BPF_LOAD_WORD, 0, 0, 4),  # seccomp_data.arch
-        _instruction(_BPF_JUMP_EQUAL, 0, length - 2, _AUDIT_ARCH[platform.machine()]),
+        _instruction(_BPF_JUMP_EQUAL, 0, length - 2, _AUDIT_ARCH[MACHINE]),
         _instruction(_BPF_LOAD_WORD, 0, 0, 0),  # seccomp_data.nr
         _instruction(_BPF_JUMP_EQUAL, 0, length - 4, personality_number),
         # The kernel reads an unsigned int: the low word of args[0] is all that counts.

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
-import hashlib
+import gc
 import json
 import os
 import resource
@@ -47,13 +47,9 @@ import signal
 import socket
 import sys
 import time
-import traceback
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from . import rootfs
-from .config import EngineConfig
 from .kernel import (
     CLONE_NEWCGROUP,
     CLONE_NEWIPC,
@@ -68,7 +64,9 @@ from .kernel import (
     loopback_up,
     process_start_time,
 )
-from .seccomp import compile_filter
+
+if TYPE_CHECKING:
+    from typing import Any
 
 NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
 
@@ -94,44 +92,41 @@ READY_TIMEOUT_S = 15.0
 MAX_MESSAGE = 1 << 20
 
 
-@dataclass(frozen=True)
 class SpawnSpec:
-    sandbox_id: str
-    uid_base: int
-    uid_count: int
-    cgroup_procs: tuple[str, ...]
-    rootfs: rootfs.RootfsSpec
-    socket_path: str
-    nofile: int = 65536
+    """What the engine asks for; parsed from its JSON request."""
 
-    @classmethod
-    def from_dict(cls, raw: dict[str, Any]) -> SpawnSpec:
-        return cls(
-            sandbox_id=raw["sandbox_id"],
-            uid_base=int(raw["uid_base"]),
-            uid_count=int(raw["uid_count"]),
-            cgroup_procs=tuple(raw["cgroup_procs"]),
-            rootfs=rootfs.RootfsSpec(**{**raw["rootfs"], "lower": tuple(raw["rootfs"]["lower"])}),
-            socket_path=raw["socket_path"],
-            nofile=int(raw.get("nofile", 65536)),
-        )
+    __slots__ = ("sandbox_id", "uid_base", "uid_count", "cgroup_procs", "rootfs", "socket_path", "nofile")
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.sandbox_id = str(raw["sandbox_id"])
+        self.uid_base = int(raw["uid_base"])
+        self.uid_count = int(raw["uid_count"])
+        self.cgroup_procs = tuple(str(path) for path in raw["cgroup_procs"])
+        self.rootfs = rootfs.RootfsSpec(**{**raw["rootfs"], "lower": tuple(raw["rootfs"]["lower"])})
+        self.socket_path = str(raw["socket_path"])
+        self.nofile = int(raw.get("nofile", 65536))
 
 
-def version_of(init_binary: Path) -> str:
-    """Identifies this spawner's code and init binary: a restarted engine
-    reuses a running spawner only if nothing changed."""
-    digest = hashlib.sha256()
-    for path in sorted(Path(__file__).parent.glob("*.py")) + [init_binary]:
-        try:
-            digest.update(path.read_bytes())
-        except OSError:
-            digest.update(b"missing")
-    return digest.hexdigest()[:16]
+class Settings:
+    """The spawner's own configuration, from the environment the engine gives it.
+
+    The spawner imports as little as it can (it is started with ``python -S``
+    and without the engine's configuration module): every create copies its
+    memory map, so a smaller heap is a faster clone and a faster exec.
+    """
+
+    def __init__(self, environ: dict[str, str]) -> None:
+        run_dir = environ["FORKYARD_ENGINE_RUN_DIR"]
+        self.socket_path = os.path.join(run_dir, "spawner.sock")
+        self.init_binary = environ["FORKYARD_ENGINE_INIT_BINARY"]
+        self.seccomp_program = environ["FORKYARD_SPAWNER_SECCOMP"]
+        self.version = environ["FORKYARD_SPAWNER_VERSION"]
 
 
-def sealed_copy(path: Path) -> int:
+def sealed_copy(path: str) -> int:
     """The init binary in a memfd that no one, root included, can modify."""
-    data = path.read_bytes()
+    with open(path, "rb") as handle:
+        data = handle.read()
     fd = os.memfd_create("forkyard-init", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
     os.write(fd, data)
     seals = fcntl.F_SEAL_SEAL | fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW | fcntl.F_SEAL_WRITE
@@ -143,6 +138,8 @@ def _child(kernel: Kernel, spec: SpawnSpec, pipes: dict[str, int], listen_fd: in
     """Runs in the clone()d child; never returns."""
     step = "wait for the spawner"
     target = spec.sandbox_id
+    # A collection would walk (and so copy-on-write) the whole inherited heap.
+    gc.disable()
     try:
         signal.signal(signal.SIGCHLD, signal.SIG_DFL)
         if os.read(pipes["sync_read"], 1) != b"1":
@@ -200,28 +197,35 @@ def _child(kernel: Kernel, spec: SpawnSpec, pipes: dict[str, int], listen_fd: in
     os._exit(1)
 
 
-@dataclass
 class Pending:
-    request_id: Any
-    connection: socket.socket
-    pid: int
-    pidfd: int
-    error_read: int
-    ready_read: int
-    deadline: float
-    socket_path: str
-    error_data: bytearray = field(default_factory=bytearray)
-    error_closed: bool = False
-    ready_closed: bool = False
+    """A sandbox between clone() and its init's ready byte."""
+
+    __slots__ = ("request_id", "connection", "pid", "pidfd", "error_read", "ready_read", "deadline", "socket_path",
+                 "error_data", "error_closed", "ready_closed")
+
+    def __init__(self, request_id: Any, connection: socket.socket, pid: int, pidfd: int, error_read: int,
+                 ready_read: int, deadline: float, socket_path: str) -> None:
+        self.request_id = request_id
+        self.connection = connection
+        self.pid = pid
+        self.pidfd = pidfd
+        self.error_read = error_read
+        self.ready_read = ready_read
+        self.deadline = deadline
+        self.socket_path = socket_path
+        self.error_data = bytearray()
+        self.error_closed = False
+        self.ready_closed = False
 
 
 class Spawner:
-    def __init__(self, config: EngineConfig, kernel: Kernel | None = None) -> None:
-        self.config = config
+    def __init__(self, settings: Settings, kernel: Kernel | None = None) -> None:
+        self.settings = settings
         self.kernel = kernel or Kernel()
-        self.version = version_of(config.init_binary)
-        self.program = compile_filter()
-        self.init_fd = sealed_copy(config.init_binary)
+        self.version = settings.version
+        with open(settings.seccomp_program, "rb") as handle:
+            self.program = handle.read()
+        self.init_fd = sealed_copy(settings.init_binary)
         self.selector = selectors.DefaultSelector()
         self.pending: dict[int, Pending] = {}  # by pid
         self.children: set[int] = set()
@@ -237,14 +241,13 @@ class Spawner:
     # --- serving -------------------------------------------------------
 
     def listen(self) -> None:
-        path = self.config.spawner_socket_path
-        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        path = self.settings.socket_path
         try:
-            path.unlink()
+            os.unlink(path)
         except FileNotFoundError:
             pass
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        listener.bind(str(path))
+        listener.bind(path)
         os.chmod(path, 0o600)
         listener.listen(16)
         listener.setblocking(False)
@@ -325,7 +328,7 @@ class Spawner:
             self._send(connection, {"request_id": request_id, "ok": True})
         elif op == "spawn":
             try:
-                spec = SpawnSpec.from_dict(message["spec"])
+                spec = SpawnSpec(message["spec"])
             except (KeyError, TypeError, ValueError) as error:
                 self._send(
                     connection,
@@ -535,25 +538,29 @@ class Spawner:
                 self._send(connection, {"event": "exited", "pid": pid, "status": status})
 
 
-def main(argv: list[str] | None = None) -> int:
-    config = EngineConfig.from_environment()
-    if argv and len(argv) > 0:
-        config = EngineConfig.from_environment(state_dir=Path(argv[0]), run_dir=Path(argv[1]))
+def main() -> int:
     try:
+        settings = Settings(dict(os.environ))
         # Children inherit our hard limit and cannot raise it in their user
         # namespace; use all of it (some hosts drop CAP_SYS_RESOURCE, so we
         # cannot go beyond it either).
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-        spawner = Spawner(config)
+        spawner = Spawner(settings)
         spawner.listen()
-        print(f"spawner {os.getpid()} version {spawner.version} listening on {config.spawner_socket_path}", flush=True)
+        # Everything imported so far lives as long as we do: keep the
+        # collector (and so every child's copy-on-write faults) off it.
+        gc.collect()
+        gc.freeze()
+        print(f"spawner {os.getpid()} version {spawner.version} listening on {settings.socket_path}", flush=True)
         spawner.serve_forever()
     except Exception:  # noqa: BLE001 - a daemon's last word goes to its log
+        import traceback
+
         traceback.print_exc()
         return 1
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -10,6 +10,7 @@ per-sandbox file descriptor to notice a sandbox dying.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import itertools
 import json
 import logging
@@ -24,20 +25,33 @@ from typing import Any
 
 from .config import EngineConfig
 from .errors import CreateFailed, Unavailable
-from .spawner import version_of
+from .seccomp import compile_filter
 
 log = logging.getLogger("forkyard.engine.spawner")
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT_S = 30.0
 
 
-def _environment(config: EngineConfig) -> dict[str, str]:
-    environment = dict(os.environ)
-    environment["FORKYARD_ENGINE_STATE_DIR"] = str(config.state_dir)
-    environment["FORKYARD_ENGINE_RUN_DIR"] = str(config.run_dir)
-    environment["FORKYARD_ENGINE_INIT_BINARY"] = str(config.init_binary)
-    environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PROJECT_ROOT), environment.get("PYTHONPATH", "")]))
-    return environment
+def version_of(init_binary: Path) -> str:
+    """Identifies the engine's code and init binary: a restarted engine reuses
+    a running spawner only if nothing changed."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")) + [init_binary]:
+        try:
+            digest.update(path.read_bytes())
+        except OSError:
+            digest.update(b"missing")
+    return digest.hexdigest()[:16]
+
+
+def _environment(config: EngineConfig, version: str, seccomp_path: Path) -> dict[str, str]:
+    return {
+        "PATH": os.environ.get("PATH", "/usr/sbin:/usr/bin:/sbin:/bin"),
+        "FORKYARD_ENGINE_RUN_DIR": str(config.run_dir),
+        "FORKYARD_ENGINE_INIT_BINARY": str(config.init_binary),
+        "FORKYARD_SPAWNER_SECCOMP": str(seccomp_path),
+        "FORKYARD_SPAWNER_VERSION": version,
+    }
 
 
 class SpawnerClient:
@@ -76,7 +90,8 @@ class SpawnerClient:
 
     def start(self) -> None:
         """Adopt a running spawner of our version, or start a new one."""
-        wanted = version_of(self.config.init_binary)
+        program = compile_filter()
+        wanted = version_of(self.config.init_binary) + hashlib.sha256(program).hexdigest()[:8]
         existing = self._connect_blocking()
         if existing is not None:
             reply = self._ask_blocking(existing, {"op": "ping", "request_id": 0})
@@ -90,14 +105,17 @@ class SpawnerClient:
                 self._ask_blocking(existing, {"op": "retire", "request_id": 0})
             existing.close()
         self.config.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        seccomp_path = self.config.run_dir / "seccomp.bpf"
+        seccomp_path.write_bytes(program)
         log_path = self.config.state_dir / "spawner.log"
         log_path.parent.mkdir(parents=True, exist_ok=True)
         with open(log_path, "ab") as log_file:
             # Its own session: a signal to the engine's process group (or the
             # engine's death) does not take the spawner and its sandboxes along.
+            # -S: no site packages, a smaller heap for every clone to copy.
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "sandboxes.engine.spawner"],
-                env=_environment(self.config),
+                [sys.executable, "-S", "-m", "sandboxes.engine.spawner"],
+                env=_environment(self.config, wanted, seccomp_path),
                 stdin=subprocess.DEVNULL,
                 stdout=log_file,
                 stderr=log_file,
@@ -123,14 +141,13 @@ class SpawnerClient:
     def _attach(self, connection: socket.socket) -> None:
         connection.setblocking(False)
         self.connection = connection
-        self.reader = asyncio.get_running_loop().create_task(self._read_loop())
+        self.reader = asyncio.get_running_loop().create_task(self._read_loop(connection))
 
-    async def _read_loop(self) -> None:
+    async def _read_loop(self, connection: socket.socket) -> None:
         loop = asyncio.get_running_loop()
-        assert self.connection is not None
         while True:
             try:
-                raw = await loop.sock_recv(self.connection, 1 << 20)
+                raw = await loop.sock_recv(connection, 1 << 20)
             except OSError:
                 raw = b""
             if not raw:
@@ -145,11 +162,14 @@ class SpawnerClient:
             future = self.pending.pop(message.get("request_id"), None)
             if future is not None and not future.done():
                 future.set_result(message)
+        if self.connection is not connection:
+            return  # an old connection, already replaced
         for future in self.pending.values():
             if not future.done():
                 future.set_exception(Unavailable("the spawner went away"))
         self.pending.clear()
         self.connection = None
+        connection.close()
         if self.on_lost is not None:
             self.on_lost()
 

@@ -54,7 +54,7 @@ class EngineProcess:
     def start(self, crash_at: str | None = None, timeout_s: float = 30.0) -> None:
         extra = {"FORKYARD_ENGINE_CRASH_AT": crash_at} if crash_at else {}
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.reaper = Reaper.get(self.base_dir.parent)
+        self.reaper = Reaper.get()
         self.engine_pid = self.reaper.spawn(
             [sys.executable, "-m", "sandboxes.engine", "serve"], self.environment(extra), str(PROJECT_ROOT), str(self.log_path)
         )

@@ -15,42 +15,63 @@ if TYPE_CHECKING:
 NAMESPACE_TYPES = ("mnt", "net", "pid", "user", "uts", "ipc", "cgroup")
 
 
-def _processes() -> list[tuple[int, str, int]]:
-    """(pid, state, real uid) of every process on the host."""
+def _processes(cgroup_marker: str) -> list[tuple[int, str, int, set[str]]]:
+    """(pid, state, parent pid, namespaces) of every process in this engine's
+    cgroups (named after its parent), so other engines on the host do not count."""
     found = []
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
         try:
+            if cgroup_marker not in Path(entry.path, "cgroup").read_text():
+                continue
             stat = Path(entry.path, "stat").read_bytes()
-            state = stat[stat.rindex(b")") + 2 : stat.rindex(b")") + 3].decode()
-            uid = os.stat(entry.path).st_uid
+            fields = stat[stat.rindex(b")") + 2 :].split()
+            namespaces = set()
+            for kind in NAMESPACE_TYPES:
+                try:
+                    namespaces.add(os.readlink(f"{entry.path}/ns/{kind}"))
+                except OSError:
+                    pass
         except (OSError, ValueError):
             continue
-        found.append((int(entry.name), state, uid))
+        found.append((int(entry.name), fields[0].decode(), int(fields[1]), namespaces))
     return found
 
 
-def _namespaces() -> int:
-    seen = set()
+def _zombies_of(parents: set[int]) -> int:
+    count = 0
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
-        for kind in NAMESPACE_TYPES:
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        if fields[0] == b"Z" and int(fields[1]) in parents:
+            count += 1
+    return count
+
+
+def _fd_counts(pid: int | None) -> tuple[int, int]:
+    """(sockets, other fds) a process holds."""
+    if not pid:
+        return 0, 0
+    sockets = others = 0
+    try:
+        for fd in os.listdir(f"/proc/{pid}/fd"):
             try:
-                seen.add(os.readlink(f"/proc/{entry.name}/ns/{kind}"))
+                target = os.readlink(f"/proc/{pid}/fd/{fd}")
             except OSError:
                 continue
-    return len(seen)
-
-
-def _fd_count(pid: int | None) -> int:
-    if not pid:
-        return 0
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
+            if target.startswith("socket:"):
+                sockets += 1
+            else:
+                others += 1
     except OSError:
-        return 0
+        pass
+    return sockets, others
 
 
 def _directory_size(path: Path) -> int:
@@ -74,13 +95,20 @@ class HostSnapshot:
     zombies: int
     namespaces: int
     engine_fds: int
+    engine_sockets: int
     spawner_fds: int
+    spawner_sockets: int
     mount_dir_bytes: int
     layers_bytes: int
 
     def leaks_since(self, before: HostSnapshot, slack: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
-        """Every count that grew (beyond its slack) since ``before``."""
-        slack = slack or {}
+        """Every count that grew (beyond its slack) since ``before``.
+
+        Socket counts allow one: measuring opens a connection, and the
+        server may not have seen it close yet.  A real leak is one per
+        sandbox or per exec, which a loop makes obvious.
+        """
+        slack = {"engine_sockets": 1, "spawner_sockets": 1, **(slack or {})}
         grown = {}
         for name, value in asdict(self).items():
             previous = getattr(before, name)
@@ -108,8 +136,12 @@ def snapshot_host(engine: EngineProcess, settle_s: float = 3.0) -> HostSnapshot:
 def _snapshot(engine: EngineProcess) -> HostSnapshot:
     config = engine.config
     mountinfo = Path("/proc/self/mountinfo").read_text().splitlines()
-    base, count = config.uid_base, config.uid_count
-    processes = _processes()
+    processes = _processes(config.cgroup_parent)
+    engine_pid = engine.engine_pid if engine.running() else None
+    spawner_pid = engine.spawner_pid()
+    engine_fds = _fd_counts(engine_pid)
+    spawner_fds = _fd_counts(spawner_pid)
+    parents = {pid for pid in (engine_pid, spawner_pid, engine.reaper.process.pid) if pid}
     try:
         sockets = len(os.listdir(config.sandbox_socket_dir))
     except FileNotFoundError:
@@ -119,11 +151,13 @@ def _snapshot(engine: EngineProcess) -> HostSnapshot:
         our_mounts=sum(1 for line in mountinfo if str(config.state_dir) in line),
         cgroups=len(detect(config).names()),
         sockets=sockets,
-        sandbox_processes=sum(1 for _, _, uid in processes if base <= uid < base + count),
-        zombies=sum(1 for _, state, _ in processes if state == "Z"),
-        namespaces=_namespaces(),
-        engine_fds=_fd_count(engine.engine_pid if engine.running() else None),
-        spawner_fds=_fd_count(engine.spawner_pid()),
+        sandbox_processes=len(processes),
+        zombies=_zombies_of(parents) + sum(1 for _, state, _, _ in processes if state == "Z"),
+        namespaces=len(set().union(*(namespaces for *_, namespaces in processes))) if processes else 0,
+        engine_sockets=engine_fds[0],
+        engine_fds=engine_fds[1],
+        spawner_sockets=spawner_fds[0],
+        spawner_fds=spawner_fds[1],
         mount_dir_bytes=_directory_size(config.mount_dir),
         layers_bytes=_directory_size(config.layers_dir),
     )

@@ -24,7 +24,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Any
 
 PR_SET_CHILD_SUBREAPER = 36
@@ -98,8 +97,10 @@ class Reaper:
     _instance: Reaper | None = None
     _lock = threading.Lock()
 
-    def __init__(self, directory: Path) -> None:
-        self.path = str(directory / "reaper.sock")
+    def __init__(self) -> None:
+        import tempfile
+
+        self.path = os.path.join(tempfile.mkdtemp(prefix="fy-reaper-", dir="/tmp"), "reaper.sock")
         self.process = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while not os.path.exists(self.path):
@@ -108,10 +109,10 @@ class Reaper:
             time.sleep(0.01)
 
     @classmethod
-    def get(cls, directory: Path) -> Reaper:
+    def get(cls) -> Reaper:
         with cls._lock:
             if cls._instance is None or cls._instance.process.poll() is not None:
-                cls._instance = cls(directory)
+                cls._instance = cls()
             return cls._instance
 
     def _ask(self, request: dict[str, Any]) -> dict[str, Any]:
