@@ -24,13 +24,13 @@ import json
 import os
 import platform
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -57,21 +57,40 @@ def timed(action: Callable[[], Any]) -> float:
 
 
 def used_memory_kib() -> int:
+    """Memory in use that the kernel cannot simply drop (call after settle())."""
     fields = {}
     for line in Path("/proc/meminfo").read_text().splitlines():
         key, value = line.split(":", 1)
         fields[key] = int(value.split()[0])
-    return fields["MemTotal"] - fields["MemAvailable"]
+    return (
+        fields["MemTotal"] - fields["MemFree"] - fields["Buffers"] - fields["Cached"] + fields["Shmem"] - fields["SReclaimable"]
+    )
 
 
-def settle() -> None:
-    subprocess.run(["sync"], check=False)
-    Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    time.sleep(1.0)
+def settle(timeout_s: float = 30.0) -> None:
+    """Drop caches and wait until memory use stops moving: destroyed network
+    namespaces, for one, are freed by a kernel worker seconds later."""
+    deadline = time.monotonic() + timeout_s
+    previous = None
+    while time.monotonic() < deadline:
+        subprocess.run(["sync"], check=False)
+        Path("/proc/sys/vm/drop_caches").write_text("3\n")
+        time.sleep(0.5)
+        current = used_memory_kib()
+        if previous is not None and abs(current - previous) < 2048:
+            return
+        previous = current
 
 
 def machine() -> dict[str, Any]:
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines() if line.startswith("model name")), "?")
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in Path("/proc/cpuinfo").read_text().splitlines()
+            if line.startswith("model name")
+        ),
+        "?",
+    )
     return {
         "kernel": platform.release(),
         "cpus": os.cpu_count(),
@@ -83,7 +102,11 @@ def machine() -> dict[str, Any]:
 
 
 def ensure_peers() -> None:
-    missing = [package for package, binary in (("podman", "podman"), ("runc", "runc"), ("bubblewrap", "bwrap")) if not shutil.which(binary)]
+    missing = [
+        package
+        for package, binary in (("podman", "podman"), ("runc", "runc"), ("bubblewrap", "bwrap"))
+        if not shutil.which(binary)
+    ]
     if missing:
         subprocess.run(["apt-get", "install", "-y", "-q", *missing], check=True, capture_output=True)
 
@@ -104,6 +127,24 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
             ready.append((time.perf_counter() - started) * 1000)
             client.destroy(sandbox)
         results["create_to_exec_ms"] = summary(ready)
+        # The same through a warm pool: a create is a claim (refilled behind it).
+        client.call("pools.set", template="base", size="tiny", count=32)
+        _wait_for_pool(client, 32)
+        before = client.info()
+        warm = []
+        for _ in range(samples):
+            started = time.perf_counter()
+            sandbox = client.create(template="base", size="tiny", ttl_s=600)["id"]
+            assert client.exec(sandbox, ["true"]).exit_code == 0
+            warm.append((time.perf_counter() - started) * 1000)
+            client.destroy(sandbox)
+            time.sleep(0.01)  # rollouts do work between creates; the pool refills meanwhile
+        after = client.info()
+        results["warm_create_to_exec_ms"] = summary(warm) | {
+            "claims": after["pool_claims"] - before["pool_claims"],
+            "misses": after["pool_misses"] - before["pool_misses"],
+        }
+        client.call("pools.set", template="base", size="tiny", count=0)
         sandbox = client.create(template="base", size="tiny", ttl_s=600)["id"]
         for _ in range(50):
             client.exec(sandbox, ["true"])
@@ -157,6 +198,14 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
     return results
 
 
+def _wait_for_pool(client: Any, count: int, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while client.call("pools")["pools"].get("base/tiny", {}).get("ready", 0) < count:
+        if time.monotonic() > deadline:
+            raise RuntimeError("the warm pool did not fill")
+        time.sleep(0.05)
+
+
 # --- peers ------------------------------------------------------------------------------
 
 
@@ -184,13 +233,19 @@ def bench_podman(tarball: Path, samples: int, fleet: int) -> dict[str, Any]:
     try:
         subprocess.run(PODMAN_RUN + [image, "/bin/true"], check=True, capture_output=True)
         results["create_to_exec_ms"] = summary(
-            [timed(lambda: subprocess.run(PODMAN_RUN + [image, "/bin/true"], check=True, capture_output=True)) for _ in range(samples)]
+            [
+                timed(lambda: subprocess.run(PODMAN_RUN + [image, "/bin/true"], check=True, capture_output=True))
+                for _ in range(samples)
+            ]
         )
         name = "forkyard-bench-exec"
         subprocess.run(PODMAN_START + ["--name", name, image, "sleep", "600"], check=True, capture_output=True)
         try:
             results["exec_ms"] = summary(
-                [timed(lambda: subprocess.run(PODMAN + ["exec", name, "/bin/true"], check=True, capture_output=True)) for _ in range(samples)]
+                [
+                    timed(lambda: subprocess.run(PODMAN + ["exec", name, "/bin/true"], check=True, capture_output=True))
+                    for _ in range(samples)
+                ]
             )
         finally:
             subprocess.run(PODMAN + ["rm", "-f", "-t", "0", name], capture_output=True)
@@ -215,7 +270,9 @@ def bench_bwrap(rootfs: Path, samples: int, fleet: int) -> dict[str, Any]:
     command = ["bwrap", "--unshare-all", "--die-with-parent", "--ro-bind", str(rootfs), "/", "--proc", "/proc", "--dev", "/dev"]
     results: dict[str, Any] = {}
     subprocess.run(command + ["/bin/true"], check=True)
-    results["create_to_exec_ms"] = summary([timed(lambda: subprocess.run(command + ["/bin/true"], check=True)) for _ in range(samples)])
+    results["create_to_exec_ms"] = summary(
+        [timed(lambda: subprocess.run(command + ["/bin/true"], check=True)) for _ in range(samples)]
+    )
     results["exec_ms"] = results["create_to_exec_ms"] | {"note": "no exec into a running bwrap: each command is a new sandbox"}
     settle()
     before = used_memory_kib()
@@ -244,23 +301,64 @@ def ratio(peer: float | None, ours: float | None) -> str:
 def print_table(report: dict[str, Any]) -> None:
     ours, podman, bwrap = report["forkyard"], report.get("podman", {}), report.get("bwrap", {})
     rows = [
-        ("create to first exec p50 (ms)", ours["create_to_exec_ms"]["p50"], podman.get("create_to_exec_ms", {}).get("p50"), bwrap.get("create_to_exec_ms", {}).get("p50")),
-        ("create to first exec p95 (ms)", ours["create_to_exec_ms"]["p95"], podman.get("create_to_exec_ms", {}).get("p95"), bwrap.get("create_to_exec_ms", {}).get("p95")),
-        ("exec `true` p50 (ms)", ours["exec_ms"]["p50"], podman.get("exec_ms", {}).get("p50"), bwrap.get("exec_ms", {}).get("p50")),
-        ("exec `true` p95 (ms)", ours["exec_ms"]["p95"], podman.get("exec_ms", {}).get("p95"), bwrap.get("exec_ms", {}).get("p95")),
+        (
+            "warm pool: create to first exec p50 (ms)",
+            ours["warm_create_to_exec_ms"]["p50"],
+            podman.get("create_to_exec_ms", {}).get("p50"),
+            bwrap.get("create_to_exec_ms", {}).get("p50"),
+        ),
+        (
+            "warm pool: create to first exec p95 (ms)",
+            ours["warm_create_to_exec_ms"]["p95"],
+            podman.get("create_to_exec_ms", {}).get("p95"),
+            bwrap.get("create_to_exec_ms", {}).get("p95"),
+        ),
+        (
+            "create to first exec p50 (ms)",
+            ours["create_to_exec_ms"]["p50"],
+            podman.get("create_to_exec_ms", {}).get("p50"),
+            bwrap.get("create_to_exec_ms", {}).get("p50"),
+        ),
+        (
+            "create to first exec p95 (ms)",
+            ours["create_to_exec_ms"]["p95"],
+            podman.get("create_to_exec_ms", {}).get("p95"),
+            bwrap.get("create_to_exec_ms", {}).get("p95"),
+        ),
+        (
+            "exec `true` p50 (ms)",
+            ours["exec_ms"]["p50"],
+            podman.get("exec_ms", {}).get("p50"),
+            bwrap.get("exec_ms", {}).get("p50"),
+        ),
+        (
+            "exec `true` p95 (ms)",
+            ours["exec_ms"]["p95"],
+            podman.get("exec_ms", {}).get("p95"),
+            bwrap.get("exec_ms", {}).get("p95"),
+        ),
         ("creates per second", ours["creates_per_second"], podman.get("creates_per_second"), bwrap.get("creates_per_second")),
-        ("host memory per idle sandbox (KiB)", ours["idle_memory_kib"], podman.get("idle_memory_kib"), bwrap.get("idle_memory_kib")),
+        (
+            "host memory per idle sandbox (KiB)",
+            ours["idle_memory_kib"],
+            podman.get("idle_memory_kib"),
+            bwrap.get("idle_memory_kib"),
+        ),
     ]
-    print(f"\n{'':38} {'forkyard':>10} {'podman':>10} {'bwrap':>10}   podman/forkyard  bwrap/forkyard")
+    print(f"\n{'':42} {'forkyard':>10} {'podman':>10} {'bwrap':>10}   podman/forkyard  bwrap/forkyard")
     for label, mine, theirs, bubble in rows:
         higher_is_better = label.startswith("creates")
+
         def show(value: Any) -> str:
             return "-" if value is None else f"{value:>10}"
+
         podman_ratio = ratio(mine, theirs) if higher_is_better else ratio(theirs, mine)
         bwrap_ratio = ratio(mine, bubble) if higher_is_better else ratio(bubble, mine)
-        print(f"{label:38} {show(mine)} {show(theirs)} {show(bubble)}   {podman_ratio:>15} {bwrap_ratio:>15}")
-    print(f"\nforkyard: {ours['execs_per_second']} execs/s across {ours['fleet']} sandboxes; "
-          f"{ours['fleet']} created in {ours['fleet_create_s']} s; {ours['destroys_per_second']} destroys/s")
+        print(f"{label:42} {show(mine)} {show(theirs)} {show(bubble)}   {podman_ratio:>15} {bwrap_ratio:>15}")
+    print(
+        f"\nforkyard: {ours['execs_per_second']} execs/s across {ours['fleet']} sandboxes; "
+        f"{ours['fleet']} created in {ours['fleet_create_s']} s; {ours['destroys_per_second']} destroys/s"
+    )
     print("goals: " + ", ".join(f"{name} {'met' if met else 'NOT met'}" for name, met in report["goals_met"].items()))
 
 
@@ -272,31 +370,38 @@ def main() -> int:
     if os.geteuid() != 0:
         print("the benchmark creates real sandboxes: run it as root", file=sys.stderr)
         return 2
-    samples, fleet, peer_samples, peer_fleet = (50, 200, 5, 5) if args.quick else (200, 1000, 20, 20)
+    samples, fleet, peer_samples, peer_fleet = (50, 200, 5, 10) if args.quick else (200, 1000, 20, 40)
     work = Path(tempfile.mkdtemp(prefix="fy-bench-", dir="/tmp"))
     os.chmod(work, 0o755)
     engine = EngineProcess(work / "engine", tag="bench")
-    report: dict[str, Any] = {"machine": machine(), "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "quick": args.quick}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "quick": args.quick,
+    }
     try:
         engine.start()
         with engine.client() as client:
             client.call("templates.build_base", name="base", replace=True)
-        print(f"forkyard: {samples} create-to-exec samples, {samples * 5} execs, a fleet of {fleet}...", flush=True)
-        report["forkyard"] = bench_forkyard(engine, samples, fleet)
         if not args.no_peers:
+            # Peers first: memory the kernel frees late after our fleet would
+            # otherwise show up as a negative cost for them.
             ensure_peers()
             rootfs, tarball = rootfs_tar(engine, work)
-            print(f"bwrap: {samples} runs, {fleet // 5} idle...", flush=True)
-            report["bwrap"] = bench_bwrap(rootfs, samples, max(peer_fleet, fleet // 5))
+            print(f"bwrap: {samples} runs, {peer_fleet * 5} idle...", flush=True)
+            report["bwrap"] = bench_bwrap(rootfs, samples, peer_fleet * 5)
             print(f"podman (runc): {peer_samples} runs, {peer_fleet} idle...", flush=True)
             report["podman"] = bench_podman(tarball, peer_samples, peer_fleet)
+        print(f"forkyard: {samples} create-to-exec samples, {samples * 5} execs, a fleet of {fleet}...", flush=True)
+        report["forkyard"] = bench_forkyard(engine, samples, fleet)
     finally:
         engine.reclaim()
         shutil.rmtree(work, ignore_errors=True)
     ours = report["forkyard"]
     report["goals"] = GOALS
     report["goals_met"] = {
-        "create_to_exec_p50_under_10ms": ours["create_to_exec_ms"]["p50"] < GOALS["create_to_exec_p50_ms"],
+        "create_to_exec_p50_under_10ms (cold)": ours["create_to_exec_ms"]["p50"] < GOALS["create_to_exec_p50_ms"],
+        "create_to_exec_p50_under_10ms (warm pool)": ours["warm_create_to_exec_ms"]["p50"] < GOALS["create_to_exec_p50_ms"],
         "exec_p50_under_5ms": ours["exec_ms"]["p50"] < GOALS["exec_p50_ms"],
         "idle_memory_under_512KiB": ours["idle_memory_kib"] < GOALS["idle_memory_kib"],
     }

@@ -60,6 +60,8 @@ class EngineConfig:
     # Keep the records of destroyed sandboxes this long, so that a repeated
     # destroy or a replayed create gets a precise answer.
     tombstone_s: int = 24 * 3600
+    # Sandboxes kept ready so that a create is a claim: "template:size=count,...".
+    warm_pools: str = "base:tiny=8"
     sizes: dict[str, Size] = field(default_factory=lambda: dict(DEFAULT_SIZES))
 
     @property

@@ -42,6 +42,7 @@ from .errors import (
 )
 from .kernel import PR_SET_CHILD_SUBREAPER, Kernel, KernelError
 from .native import BUILD_DIR, build_init
+from .pool import WarmPools, parse_targets
 from .recovery import RecoveryReport, init_alive, kill_init, reconcile
 from .spawner_client import SpawnerClient
 from .store import LIVE_STATES, SandboxRecord, Store, open_store
@@ -86,6 +87,8 @@ def _labels(raw: Any) -> dict[str, str]:
 @dataclass
 class CreateRequest:
     sandbox_id: str
+    explicit_id: bool
+    key: str
     template: str
     size: str
     cpu: float
@@ -110,6 +113,7 @@ class Engine:
         self.timers: dict[str, asyncio.TimerHandle] = {}
         self.busy: dict[str, asyncio.Future[None]] = {}  # sandbox id -> create/destroy in flight
         self.spawner = SpawnerClient(config, self._init_exited)
+        self.pools = WarmPools(self, parse_targets(config.warm_pools))
         self.recovery: RecoveryReport | None = None
         self.started_at = time.time()
         self.counters = {"created": 0, "destroyed": 0, "create_failed": 0, "execs": 0, "ttl_expired": 0, "died": 0}
@@ -144,8 +148,11 @@ class Engine:
         report, adopted = reconcile(config, self.store, self.cgroups, self.kernel)
         for record in adopted:
             self._track(record)
+            if record.pool and record.state == "running":
+                self.pools.adopt(record)
         self.recovery = report
         loop.create_task(self._housekeeping())
+        self.pools.fill()
         log.info("engine started: %s", report.to_dict())
         return report
 
@@ -173,6 +180,7 @@ class Engine:
             await asyncio.sleep(60)
             self._sweep_dead()
             self.store.purge_tombstones(time.time() - self.config.tombstone_s)
+            self.pools.fill()
 
     def _reap_children(self) -> None:
         while True:
@@ -226,6 +234,8 @@ class Engine:
             return
         # Not asked to die: it crashed or was killed from outside.
         self.counters["died"] += 1
+        if record.pool:
+            self.pools.forget(record.id)
         record.state = "stopped"
         record.reason = f"init exited (status {status})"
         record.ended_at = time.time()
@@ -247,8 +257,12 @@ class Engine:
     def info(self) -> dict[str, Any]:
         states: dict[str, int] = {}
         committed_mib = 0
+        pooled = 0
         for record in self.sandboxes.values():
-            states[record.state] = states.get(record.state, 0) + 1
+            if record.pool:
+                pooled += 1
+            else:
+                states[record.state] = states.get(record.state, 0) + 1
             if record.state in LIVE_STATES:
                 committed_mib += record.memory_mib
         pages = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
@@ -261,6 +275,10 @@ class Engine:
             "max_sandboxes": self.config.max_sandboxes,
             "sandboxes": sum(states.get(state, 0) for state in LIVE_STATES),
             "states": states,
+            "pooled": pooled,
+            "pools": self.pools.status(),
+            "pool_claims": self.pools.claims,
+            "pool_misses": self.pools.misses,
             "committed_memory_mib": committed_mib,
             "sizes": {name: vars(size) for name, size in self.config.sizes.items()},
             "counters": dict(self.counters),
@@ -302,7 +320,8 @@ class Engine:
         return [
             record.public()
             for record in records
-            if (state is None or record.state == state)
+            if not record.pool
+            and (state is None or record.state == state)
             and all(record.labels.get(key) == value for key, value in wanted_labels.items())
         ]
 
@@ -318,6 +337,9 @@ class Engine:
         sandbox_id = args.get("id") or new_sandbox_id()
         if not isinstance(sandbox_id, str) or not ID_PATTERN.match(sandbox_id):
             raise InvalidRequest("id must be 3-63 characters of a-z, 0-9 and '-'", field="id")
+        key = args.get("key") or ""
+        if not isinstance(key, str) or len(key) > 255:
+            raise InvalidRequest("key must be a string of at most 255 characters", field="key")
         template = args.get("template", "base")
         if not isinstance(template, str):
             raise InvalidRequest("template must be a template name", field="template")
@@ -348,6 +370,8 @@ class Engine:
         ttl_s = _number(args, "ttl_s", self.config.default_ttl_s, 1, self.config.max_ttl_s, integer=True)
         return CreateRequest(
             sandbox_id=sandbox_id,
+            explicit_id=bool(args.get("id")),
+            key=key,
             template=template,
             size=size_name,
             cpu=size.cpu,
@@ -360,19 +384,61 @@ class Engine:
         )
 
     async def create(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Ensure a sandbox exists: the public create.
+
+        Idempotent on ``id`` or ``key``: a replay gets the same sandbox (or the
+        news that it is already gone), never a second one.  Without an ``id``,
+        a warm pool of the template and size turns the create into a claim.
+        """
         request = self.parse_create(args)
-        existing = self.sandboxes.get(request.sandbox_id)
-        if existing is None and args.get("id"):
-            existing = self._tombstone(request.sandbox_id)
-        if existing is not None:
-            # Ensure-running is idempotent: a replayed create gets the sandbox
-            # (or the news that it is already gone), never a second one.
-            pending = self.busy.get(existing.id)
-            if pending is not None:
-                await asyncio.shield(pending)
-            return (self.sandboxes.get(existing.id) or existing).public()
+        replay = await self._replay(request)
+        if replay is not None:
+            return replay.public()
+        if not request.explicit_id and request.size:
+            claimed = self.pools.claim(request.template, request.size)
+            if claimed is not None:
+                return self._hand_over(claimed, request).public()
+        return (await self.create_record(args, request=request)).public()
+
+    async def _replay(self, request: CreateRequest) -> SandboxRecord | None:
+        existing: SandboxRecord | None = None
+        if request.key:
+            bound = self.store.claim_key(request.key, request.sandbox_id)
+            if bound != request.sandbox_id:
+                existing = self.sandboxes.get(bound) or self._tombstone(bound)
+        elif request.explicit_id:
+            existing = self.sandboxes.get(request.sandbox_id) or self._tombstone(request.sandbox_id)
+        if existing is None:
+            return None
+        pending = self.busy.get(existing.id)
+        if pending is not None:
+            await asyncio.shield(pending)
+        return self.sandboxes.get(existing.id) or self._tombstone(existing.id) or existing
+
+    def _hand_over(self, record: SandboxRecord, request: CreateRequest) -> SandboxRecord:
+        """A pooled sandbox becomes the caller's: their labels, env and TTL."""
+        now = time.time()
+        record.pool = ""
+        record.key = request.key
+        record.labels = request.labels
+        record.env = {**record.env, **request.env}
+        record.created_at = record.ready_at = now
+        record.expires_at = now + request.ttl_s
+        if request.key:
+            self.store.release_key(request.key, request.sandbox_id)
+            self.store.claim_key(request.key, record.id)
+        self.store.put_sandbox(record)
+        self._arm_ttl(record)
+        self.counters["created"] += 1
+        return record
+
+    async def create_record(self, args: dict[str, Any], pool: str = "", request: CreateRequest | None = None) -> SandboxRecord:
+        """Create a sandbox from nothing (the cold path); pools call this too."""
+        request = request or self.parse_create(args)
         live = sum(1 for record in self.sandboxes.values() if record.state in LIVE_STATES)
         if live >= self.config.max_sandboxes:
+            if request.key:
+                self.store.release_key(request.key, request.sandbox_id)
             raise NoCapacity(f"this host runs its maximum of {self.config.max_sandboxes} sandboxes", retry_after_s=5)
         template = self.templates.get(request.template)
         now = time.time()
@@ -392,8 +458,11 @@ class Engine:
             labels=request.labels,
             workdir=template.workdir,
             created_at=now,
-            expires_at=now + request.ttl_s,
+            # A pooled sandbox waits without a TTL of its own; claiming sets one.
+            expires_at=now + (self.config.max_ttl_s if pool else request.ttl_s),
             size=request.size,
+            pool=pool,
+            key=request.key,
         )
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.busy[record.id] = done
@@ -407,13 +476,16 @@ class Engine:
             record.state, record.ended_at = "destroyed", time.time()
             record.reason = f"create failed: {getattr(error, 'message', error)}"
             self.store.put_sandbox(record)
+            if request.key:  # a failed create may be retried with the same key
+                self.store.release_key(request.key, record.id)
             self.counters["create_failed"] += 1
             raise
         finally:
             self.busy.pop(record.id, None)
             done.set_result(None)
-        self.counters["created"] += 1
-        return record.public()
+        if not pool:
+            self.counters["created"] += 1
+        return record
 
     async def _bring_up(self, record: SandboxRecord) -> None:
         limits = Limits(cpu=record.cpu, memory_bytes=record.memory_mib * MEBIBYTE, pids=record.pids_max)
@@ -459,6 +531,8 @@ class Engine:
         if pending is not None:
             await asyncio.shield(pending)
             return await self.destroy(sandbox_id, reason)
+        if record.pool:
+            self.pools.forget(record.id)
         done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.busy[record.id] = done
         try:

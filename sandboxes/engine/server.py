@@ -205,6 +205,14 @@ async def op_stats(call: Call) -> Any:
     return call.engine.stats(call.args.get("id"))
 
 
+async def op_pools(call: Call) -> Any:
+    return {"pools": call.engine.pools.status()}
+
+
+async def op_pools_set(call: Call) -> Any:
+    return call.engine.pools.set_target(call.args.get("template"), call.args.get("size"), call.args.get("count"))
+
+
 async def op_exec(call: Call) -> Any:
     if call.args.get("stream"):
 
@@ -366,6 +374,8 @@ OPS: dict[str, Handler] = {
     "pause": op_pause,
     "resume": op_resume,
     "stats": op_stats,
+    "pools": op_pools,
+    "pools.set": op_pools_set,
     "exec": op_exec,
     "files.read": op_files_read,
     "files.write": op_files_write,

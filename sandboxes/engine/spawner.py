@@ -200,11 +200,31 @@ def _child(kernel: Kernel, spec: SpawnSpec, pipes: dict[str, int], listen_fd: in
 class Pending:
     """A sandbox between clone() and its init's ready byte."""
 
-    __slots__ = ("request_id", "connection", "pid", "pidfd", "error_read", "ready_read", "deadline", "socket_path",
-                 "error_data", "error_closed", "ready_closed")
+    __slots__ = (
+        "request_id",
+        "connection",
+        "pid",
+        "pidfd",
+        "error_read",
+        "ready_read",
+        "deadline",
+        "socket_path",
+        "error_data",
+        "error_closed",
+        "ready_closed",
+    )
 
-    def __init__(self, request_id: Any, connection: socket.socket, pid: int, pidfd: int, error_read: int,
-                 ready_read: int, deadline: float, socket_path: str) -> None:
+    def __init__(
+        self,
+        request_id: Any,
+        connection: socket.socket,
+        pid: int,
+        pidfd: int,
+        error_read: int,
+        ready_read: int,
+        deadline: float,
+        socket_path: str,
+    ) -> None:
         self.request_id = request_id
         self.connection = connection
         self.pid = pid

@@ -31,6 +31,10 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes (state);
+CREATE TABLE IF NOT EXISTS idempotency_keys (
+    key TEXT PRIMARY KEY,
+    sandbox_id TEXT NOT NULL
+);
 CREATE TABLE IF NOT EXISTS templates (
     name TEXT PRIMARY KEY,
     record TEXT NOT NULL
@@ -82,6 +86,8 @@ class SandboxRecord:
     reason: str = ""
     ended_at: float = 0.0
     paused_at: float = 0.0
+    pool: str = ""  # "template/size" while waiting in a warm pool, "" once claimed
+    key: str = ""  # the caller's idempotency key, if any
 
     @classmethod
     def from_json(cls, raw: str) -> SandboxRecord:
@@ -198,7 +204,22 @@ class Store:
     def purge_tombstones(self, older_than: float) -> int:
         with self._lock:
             cursor = self._db.execute("DELETE FROM sandboxes WHERE state = 'destroyed' AND updated_at < ?", (older_than,))
+            self._db.execute("DELETE FROM idempotency_keys WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)")
             return cursor.rowcount
+
+    def claim_key(self, key: str, sandbox_id: str) -> str:
+        """Bind ``key`` to ``sandbox_id`` unless it is bound already; return the bound id.
+
+        A unique key in the database, not a check in Python: two creates racing
+        with one key cannot both win.
+        """
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO idempotency_keys (key, sandbox_id) VALUES (?, ?)", (key, sandbox_id))
+            (bound,) = self._db.execute("SELECT sandbox_id FROM idempotency_keys WHERE key = ?", (key,)).fetchone()
+            return str(bound)
+
+    def release_key(self, key: str, sandbox_id: str) -> None:
+        self._execute("DELETE FROM idempotency_keys WHERE key = ? AND sandbox_id = ?", (key, sandbox_id))
 
     # --- templates and layers -----------------------------------------------
 

@@ -26,7 +26,8 @@ PROJECT_ROOT = Path(__file__).resolve().parents[2]
 class EngineProcess:
     """``forkyard-engine serve`` in a subprocess with its own state, run dir and cgroups."""
 
-    def __init__(self, base_dir: Path, tag: str | None = None) -> None:
+    def __init__(self, base_dir: Path, tag: str | None = None, warm_pools: str = "") -> None:
+        self.warm_pools = warm_pools
         self.tag = tag or uuid.uuid4().hex[:8]
         self.base_dir = base_dir
         self.config = EngineConfig(
@@ -44,6 +45,8 @@ class EngineProcess:
                 "FORKYARD_ENGINE_STATE_DIR": str(self.config.state_dir),
                 "FORKYARD_ENGINE_RUN_DIR": str(self.config.run_dir),
                 "FORKYARD_ENGINE_CGROUP_PARENT": self.config.cgroup_parent,
+                # Off unless a test asks: pooled sandboxes would show up in every count.
+                "FORKYARD_ENGINE_WARM_POOLS": self.warm_pools,
                 "PYTHONPATH": str(PROJECT_ROOT),
             }
         )
