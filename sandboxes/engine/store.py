@@ -121,6 +121,7 @@ class SandboxRecord:
             "expires_at": self.expires_at,
             "ended_at": self.ended_at or None,
             "reason": self.reason or None,
+            "key": self.key or None,
         }
 
 
