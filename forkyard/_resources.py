@@ -1,0 +1,127 @@
+"""Resources whose calls are one request and one answer, written once for both clients.
+
+An ``Endpoint`` pairs a request builder from ``_calls`` with a parser.  Read
+from a resource bound to a ``Sender`` it is a plain method; bound to an
+``AsyncSender`` it is a coroutine method: the same signature (the builder's),
+the same docstring, the same request.  Sandboxes and launches, whose methods
+poll, stream and hand out live objects, are written out in ``client`` and
+``aio``.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, Generic, ParamSpec, TypeVar, overload
+
+from . import _calls as calls
+from ._http import AsyncSender, Call, RateLimit, Sender
+from .models import ApiKey, CreatedKey, NetworkPolicy, Snapshot, Template, Usage, WhoAmI
+
+P = ParamSpec("P")
+T = TypeVar("T")
+S = TypeVar("S", bound=Sender | AsyncSender)
+
+
+class Resource(Generic[S]):
+    """Something that calls the API through a sync or an async sender."""
+
+    def __init__(self, sender: S) -> None:
+        self._sender: S = sender
+
+
+class Endpoint(Generic[P, T]):
+    """A method made of a request builder (its signature and docstring) and a parser of the answer."""
+
+    def __init__(self, build: Callable[P, Call], parse: Callable[[Any], T]) -> None:
+        self.build, self.parse = build, parse
+        self.__doc__ = build.__doc__
+
+    @overload
+    def __get__(self, instance: None, owner: type) -> Endpoint[P, T]: ...
+
+    @overload
+    def __get__(self, instance: Resource[Sender], owner: type) -> Callable[P, T]: ...
+
+    @overload
+    def __get__(self, instance: Resource[AsyncSender], owner: type) -> Callable[P, Awaitable[T]]: ...
+
+    def __get__(self, instance: Resource[Any] | None, owner: type) -> Any:
+        if instance is None:
+            return self
+        sender = instance._sender
+        if isinstance(sender, AsyncSender):
+            async_sender = sender
+
+            async def call_async(*args: P.args, **kwargs: P.kwargs) -> T:
+                return self.parse(await async_sender.json(self.build(*args, **kwargs)))
+
+            return functools.wraps(self.build)(call_async)
+
+        def call(*args: P.args, **kwargs: P.kwargs) -> T:
+            return self.parse(sender.json(self.build(*args, **kwargs)))
+
+        return functools.wraps(self.build)(call)
+
+
+def _each(parse: Callable[[Any], T]) -> Callable[[Any], list[T]]:
+    return lambda rows: [parse(row) for row in rows]
+
+
+def _nothing(_: Any) -> None:
+    return None
+
+
+class Templates(Resource[S]):
+    """``fy.templates``: the root filesystems sandboxes start from."""
+
+    list = Endpoint(calls.list_templates, _each(Template.from_api))
+    get = Endpoint(calls.get_template, Template.from_api)
+
+
+class Snapshots(Resource[S]):
+    """``fy.snapshots``: saved sandbox states to fork from."""
+
+    list = Endpoint(calls.list_snapshots, _each(Snapshot.from_api))
+    get = Endpoint(calls.get_snapshot, Snapshot.from_api)
+
+
+class NetworkPolicies(Resource[S]):
+    """``fy.network_policies``: where sandboxes may connect (egress rules)."""
+
+    list = Endpoint(calls.list_policies, _each(NetworkPolicy.from_api))
+    create = Endpoint(calls.create_policy, NetworkPolicy.from_api)
+    get = Endpoint(calls.get_policy, NetworkPolicy.from_api)
+    update = Endpoint(calls.update_policy, NetworkPolicy.from_api)
+    delete = Endpoint(calls.delete_policy, _nothing)
+
+
+class Keys(Resource[S]):
+    """``fy.keys``: the team's API keys (creating and revoking needs an admin key)."""
+
+    list = Endpoint(calls.list_keys, _each(ApiKey.from_api))
+    create = Endpoint(calls.create_key, CreatedKey.from_api)
+    revoke = Endpoint(calls.revoke_key, ApiKey.from_api)
+
+
+class ClientBase(Resource[S]):
+    """What ``Client`` and ``AsyncClient`` share: the one-request resources, who am I, usage."""
+
+    me = Endpoint(calls.me, WhoAmI.from_api)
+    usage = Endpoint(calls.usage, Usage.from_api)
+
+    def __init__(self, sender: S) -> None:
+        super().__init__(sender)
+        self.templates: Templates[S] = Templates(sender)
+        self.snapshots: Snapshots[S] = Snapshots(sender)
+        self.network_policies: NetworkPolicies[S] = NetworkPolicies(sender)
+        self.keys: Keys[S] = Keys(sender)
+
+    @property
+    def url(self) -> str:
+        return self._sender.settings.url
+
+    @property
+    def rate_limit(self) -> RateLimit | None:
+        """The team's request-rate limit as the last response reported it."""
+        return self._sender.rate_limit
