@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import json
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import AsyncIterable, Iterable, Mapping
 from datetime import datetime
 from typing import IO, Any, Literal, TypedDict
 from urllib.parse import quote
@@ -21,8 +21,9 @@ from .models import EgressRule, ExecChunk, ExecResult
 EXEC_MARGIN_S = 30.0
 """How much longer than a command's own timeout to wait for the server's answer."""
 
-Body = bytes | str | IO[bytes] | Iterable[bytes]
-"""A request body: bytes or text in memory, an open binary file, or an iterator of chunks."""
+Body = bytes | str | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
+"""A request body: bytes or text in memory, an open binary file, or an iterator of chunks
+(an async iterator with ``AsyncClient``).  Only bytes and text are sent again on a retry."""
 
 
 class SandboxOptions(TypedDict, total=False):

@@ -70,8 +70,29 @@ class Call:
         if self.read_timeout_s is not None:
             timeout = httpx.Timeout(default_timeout.connect, read=self.read_timeout_s, write=default_timeout.write,
                                     pool=default_timeout.pool)
-        return http.build_request(self.method, API_PREFIX + self.path, params=params, json=self.json, content=self.content,
+        content = self.content
+        if hasattr(content, "read"):
+            content = _file_chunks(content, asynchronous=isinstance(http, httpx.AsyncClient))
+        return http.build_request(self.method, API_PREFIX + self.path, params=params, json=self.json, content=content,
                                   headers=dict(self.headers), timeout=timeout)
+
+
+UPLOAD_CHUNK = 256 * 1024
+
+
+def _file_chunks(file: Any, *, asynchronous: bool) -> Iterator[bytes] | AsyncIterator[bytes]:
+    """A binary file as a chunked body.  httpx would send a file with the length ``fstat`` gives,
+    which is 0 for a pipe (``forkyard files write ... < /dev/stdin``); chunks need no length."""
+
+    def chunks() -> Iterator[bytes]:
+        while chunk := file.read(UPLOAD_CHUNK):
+            yield chunk
+
+    async def async_chunks() -> AsyncIterator[bytes]:
+        for chunk in chunks():
+            yield chunk
+
+    return async_chunks() if asynchronous else chunks()
 
 
 @dataclass(frozen=True)

@@ -75,6 +75,9 @@ class AsyncSandboxes(Resource[AsyncSender]):
     async def get(self, sandbox_id: str) -> AsyncSandbox:
         return AsyncSandbox(self._sender, await self._sender.json(calls.get_sandbox(sandbox_id)))
 
+    def ref(self, sandbox_id: str) -> AsyncSandbox:
+        return AsyncSandbox(self._sender, {"id": sandbox_id})
+
     async def list(self, *, state: str | None = None, label: str | None = None, limit: int = 100,
                    cursor: str | None = None) -> Page[AsyncSandbox]:
         data = await self._sender.json(calls.list_sandboxes(state, label, limit, cursor))

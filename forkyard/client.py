@@ -74,6 +74,11 @@ class Sandboxes(Resource[Sender]):
     def get(self, sandbox_id: str) -> Sandbox:
         return Sandbox(self._sender, self._sender.json(calls.get_sandbox(sandbox_id)))
 
+    def ref(self, sandbox_id: str) -> Sandbox:
+        """A ``Sandbox`` for an id, without asking the API: exec and files work at once,
+        the other fields are empty until ``refresh()``."""
+        return Sandbox(self._sender, {"id": sandbox_id})
+
     def list(self, *, state: str | None = None, label: str | None = None, limit: int = 100, cursor: str | None = None) -> Page[Sandbox]:
         """One page of the team's sandboxes, newest first.  ``label`` is ``key=value`` or ``key``;
         pass the page's ``next_cursor`` as ``cursor`` for the next one."""
