@@ -14,10 +14,13 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 
 from sandboxes.engine.client import EngineClient
 from tests.support.engine import EngineProcess
+from tests.support.stack import Stack
+from tests.support.stack import Team as StackTeam
 
 IS_ROOT = os.geteuid() == 0
 
@@ -73,3 +76,28 @@ def probe_binary(work_dir: Path) -> Path:
     compiler = ["musl-gcc"] if shutil.which("musl-gcc") else ["gcc"]
     subprocess.run(compiler + ["-static", "-O1", "-o", str(output), str(source)], check=True)
     return output
+
+
+@pytest.fixture(scope="session")
+def stack(work_dir: Path) -> Iterator[Stack]:
+    """The whole product: engine, worker, web server, database (see tests/support/stack.py)."""
+    running = Stack(work_dir / "stack")
+    try:
+        running.start()
+    except BaseException:
+        running.stop()
+        raise
+    yield running
+    running.stop()
+
+
+@pytest.fixture
+def api(stack: Stack) -> Iterator[httpx.Client]:
+    """An HTTP client for team A, with its admin key."""
+    with stack.client() as client:
+        yield client
+
+
+@pytest.fixture(scope="session")
+def team_b(stack: Stack) -> StackTeam:
+    return stack.new_team("Team B")

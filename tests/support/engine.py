@@ -21,6 +21,9 @@ from sandboxes.engine.store import open_store
 from tests.support.reaper import Reaper
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# Where the engine's code is taken from (another checkout, to test one
+# engine against another version of the rest); this checkout by default.
+ENGINE_ROOT = Path(os.environ.get("FORKYARD_TEST_ENGINE_ROOT", str(PROJECT_ROOT)))
 
 
 class EngineProcess:
@@ -59,7 +62,7 @@ class EngineProcess:
         self.base_dir.mkdir(parents=True, exist_ok=True)
         self.reaper = Reaper.get()
         self.engine_pid = self.reaper.spawn(
-            [sys.executable, "-m", "sandboxes.engine", "serve"], self.environment(extra), str(PROJECT_ROOT), str(self.log_path)
+            [sys.executable, "-m", "sandboxes.engine", "serve"], self.environment(extra), str(ENGINE_ROOT), str(self.log_path)
         )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:

@@ -1,0 +1,37 @@
+from django.contrib import admin
+
+from .models import ApiKey, Invitation, Membership, Team, TeamLimits
+
+
+class LimitsInline(admin.StackedInline):
+    model = TeamLimits
+    can_delete = False
+
+
+class MembershipInline(admin.TabularInline):
+    model = Membership
+    extra = 0
+
+
+@admin.register(Team)
+class TeamAdmin(admin.ModelAdmin):
+    list_display = ("name", "slug", "created_at")
+    search_fields = ("name", "slug")
+    inlines = [LimitsInline, MembershipInline]
+
+
+@admin.register(ApiKey)
+class ApiKeyAdmin(admin.ModelAdmin):
+    list_display = ("name", "prefix", "team", "role", "created_at", "last_used_at", "revoked_at")
+    list_filter = ("role",)
+    readonly_fields = ("prefix", "digest")
+
+
+@admin.register(Invitation)
+class InvitationAdmin(admin.ModelAdmin):
+    list_display = ("email", "team", "role", "created_at", "accepted_at")
+
+
+@admin.register(TeamLimits)
+class TeamLimitsAdmin(admin.ModelAdmin):
+    list_display = ("team", "requests_per_second", "max_sandboxes", "max_launch_count", "max_ttl_s", "monthly_spend_limit")

@@ -1,0 +1,88 @@
+"""Middleware: name the region, report limits, and turn dependency outages into 503s."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any
+
+from asgiref.sync import iscoroutinefunction, markcoroutinefunction
+from django.conf import settings
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.http import HttpRequest, HttpResponse
+
+log = logging.getLogger("forkyard.api")
+RETRY_AFTER_S = 5
+
+
+def dependency_error(error: BaseException) -> bool:
+    """True for a database or broker that is down, not for a bug."""
+    if isinstance(error, (OperationalError, InterfaceError)):
+        return True
+    try:
+        from kombu.exceptions import ChannelError
+        from kombu.exceptions import ConnectionError as BrokerUnreachable
+        from kombu.exceptions import OperationalError as BrokerDown
+    except ImportError:  # pragma: no cover
+        return False
+    if isinstance(error, (BrokerDown, ChannelError, BrokerUnreachable)):
+        return True
+    return isinstance(error, DatabaseError) and "connection" in str(error).lower()
+
+
+def outage_response(request: HttpRequest, error: BaseException) -> HttpResponse:
+    log.warning("dependency unavailable while serving %s: %s", request.path, error)
+    body = {
+        "error": {
+            "code": "dependency_unavailable",
+            "message": "a dependency (database or broker) is unavailable; try again shortly",
+        }
+    }
+    response = HttpResponse(json.dumps(body), status=503, content_type="application/json")
+    response["Retry-After"] = str(RETRY_AFTER_S)
+    return response
+
+
+def decorate(request: HttpRequest, response: HttpResponse) -> HttpResponse:
+    response["X-Forkyard-Region"] = settings.FORKYARD_REGION
+    for name, value in getattr(request, "forkyard_headers", {}).items():
+        response[name] = value
+    return response
+
+
+class DependencyErrorsMiddleware:
+    """Every response names its region; an outage is a 503 with Retry-After."""
+
+    sync_capable = True
+    async_capable = True
+
+    def __init__(self, get_response: Callable[..., Any]) -> None:
+        self.get_response = get_response
+        if iscoroutinefunction(get_response):
+            markcoroutinefunction(self)
+
+    def __call__(self, request: HttpRequest) -> Any:
+        if iscoroutinefunction(self):
+            return self._acall(request)
+        try:
+            response = self.get_response(request)
+        except Exception as error:
+            if not dependency_error(error):
+                raise
+            response = outage_response(request, error)
+        return decorate(request, response)
+
+    async def _acall(self, request: HttpRequest) -> HttpResponse:
+        try:
+            response = await self.get_response(request)
+        except Exception as error:
+            if not dependency_error(error):
+                raise
+            response = outage_response(request, error)
+        return decorate(request, response)
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> HttpResponse | None:
+        if dependency_error(exception):
+            return outage_response(request, exception)
+        return None

@@ -1,0 +1,195 @@
+"""Settings for forkyard's control plane: embedded defaults, overridden by the environment.
+
+With no configuration at all, one machine runs everything on embedded parts:
+SQLite, a filesystem broker for Celery and a database-backed channel layer,
+all of which work across the web, worker and beat processes.  Production sets:
+
+    DATABASE_URL=postgres://...          the database
+    REDIS_URL=redis://host:6379/0         broker, channel layer, rate limits, notifications
+    CELERY_BROKER_URL=amqp://...          (optional) RabbitMQ as the broker instead
+    FORKYARD_SECRET_KEY=...               signs sessions, hashes API keys
+    FORKYARD_REGION=eu-west-1             named in every API response
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+DATA_DIR = Path(env.str("FORKYARD_DATA_DIR", default=str(BASE_DIR / "var")))
+DATA_DIR.mkdir(parents=True, exist_ok=True)
+
+
+def _secret_key() -> str:
+    """From the environment, or generated once and kept beside the data."""
+    if "FORKYARD_SECRET_KEY" in os.environ:
+        return os.environ["FORKYARD_SECRET_KEY"]
+    path = DATA_DIR / "secret_key"
+    if not path.exists():
+        path.write_text(secrets.token_urlsafe(48))
+        path.chmod(0o600)
+    return path.read_text().strip()
+
+
+SECRET_KEY = _secret_key()
+DEBUG = env.bool("FORKYARD_DEBUG", default=False)
+ALLOWED_HOSTS = env.list("FORKYARD_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("FORKYARD_CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "daphne",
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_htmx",
+    "channels",
+    "console",
+    "sandboxes",
+    "billing",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "console.middleware.DependencyErrorsMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "django_htmx.middleware.HtmxMiddleware",
+]
+
+ROOT_URLCONF = "console.urls"
+ASGI_APPLICATION = "console.asgi.application"
+WSGI_APPLICATION = "console.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- database -------------------------------------------------------------------------
+
+DATABASES = {"default": env.db("DATABASE_URL", default=f"sqlite:///{DATA_DIR / 'forkyard.sqlite3'}")}
+if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
+    # WAL: readers never wait for the writer, across processes.  The
+    # immediate transaction mode takes the write lock at BEGIN, so two
+    # processes never deadlock upgrading a read lock.
+    DATABASES["default"]["OPTIONS"] = {
+        "timeout": 30,
+        "transaction_mode": "IMMEDIATE",
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+    }
+else:
+    DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
+    DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- broker, channel layer, cache ----------------------------------------------------------
+
+REDIS_URL = env.str("REDIS_URL", default="")
+BROKER_DIR = DATA_DIR / "broker"
+# Several deployments (or test sessions) may share one Redis: prefix what we put there.
+REDIS_PREFIX = env.str("FORKYARD_REDIS_PREFIX", default="fy")
+if REDIS_URL:
+    CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default=REDIS_URL)
+    CHANNEL_LAYERS = {
+        "default": {
+            "BACKEND": "channels_redis.core.RedisChannelLayer",
+            "CONFIG": {"hosts": [REDIS_URL], "prefix": f"{REDIS_PREFIX}:asgi"},
+        }
+    }
+    CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.redis.RedisCache", "LOCATION": REDIS_URL, "KEY_PREFIX": REDIS_PREFIX}
+    }
+else:
+    # Embedded: a directory is the broker (kombu's filesystem transport), the
+    # database is the channel layer.  Both work across processes on one host.
+    CELERY_BROKER_URL = env.str("CELERY_BROKER_URL", default="filesystem://")
+    CHANNEL_LAYERS = {"default": {"BACKEND": "console.channel_layer.DatabaseChannelLayer"}}
+    CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+if CELERY_BROKER_URL.startswith("filesystem"):
+    CELERY_BROKER_URL = "fyfs://"  # console.broker: the filesystem transport, written atomically
+    for folder in ("queue", "processed", "control"):
+        (BROKER_DIR / folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "control_folder": str(BROKER_DIR / "control"),
+        "data_folder_in": str(BROKER_DIR / "queue"),
+        "data_folder_out": str(BROKER_DIR / "queue"),
+        "processed_folder": str(BROKER_DIR / "processed"),
+        "store_processed": False,
+        "polling_interval": env.float("FORKYARD_BROKER_POLL_S", default=0.01),
+    }
+else:
+    CELERY_BROKER_TRANSPORT_OPTIONS = {"visibility_timeout": 3600}
+
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TASK_ACKS_LATE = True
+CELERY_TASK_REJECT_ON_WORKER_LOST = True
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+CELERY_TASK_DEFAULT_QUEUE = env.str("FORKYARD_CONTROL_QUEUE", default="control")
+CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
+
+# --- the product ---------------------------------------------------------------------------
+
+FORKYARD_REGION = env.str("FORKYARD_REGION", default="local")
+FORKYARD_HOST_NAME = env.str("FORKYARD_HOST_NAME", default=os.uname().nodename)
+FORKYARD_ENGINE_SOCKET = env.str("FORKYARD_ENGINE_SOCKET", default="/run/forkyard/engine.sock")
+FORKYARD_HOST_STALE_S = env.int("FORKYARD_HOST_STALE_S", default=30)
+FORKYARD_CREATE_WAIT_S = env.float("FORKYARD_CREATE_WAIT_S", default=30.0)
+FORKYARD_LAUNCH_CHUNK = env.int("FORKYARD_LAUNCH_CHUNK", default=250)
+FORKYARD_RECONCILE_S = env.float("FORKYARD_RECONCILE_S", default=5.0)
+# A command lost with a worker (or the embedded broker) is queued again after this.
+FORKYARD_STUCK_AFTER_S = env.float("FORKYARD_STUCK_AFTER_S", default=60.0)
+FORKYARD_CONTENT_RETENTION_DAYS = 30
+
+# --- the rest of Django ----------------------------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator", "OPTIONS": {"min_length": 10}},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+]
+LOGIN_URL = "/login/"
+LOGIN_REDIRECT_URL = "/"
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = False
+USE_TZ = True
+STATIC_URL = "/static/"
+STATIC_ROOT = DATA_DIR / "static"
+STATICFILES_DIRS = [BASE_DIR / "static"]
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+}
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("FORKYARD_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+}

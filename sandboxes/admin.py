@@ -1,0 +1,27 @@
+from django.contrib import admin
+
+from .models import Host, Launch, NetworkPolicy, Sandbox, Snapshot, Template
+
+
+@admin.register(Host)
+class HostAdmin(admin.ModelAdmin):
+    list_display = ("name", "state", "region", "engine_sandboxes", "max_sandboxes", "last_heartbeat")
+    list_filter = ("state", "region")
+
+
+@admin.register(Sandbox)
+class SandboxAdmin(admin.ModelAdmin):
+    list_display = ("id", "team", "state", "host", "template", "size", "created_at")
+    list_filter = ("state",)
+    search_fields = ("id", "engine_id")
+    exclude = ("env",)
+
+
+@admin.register(Launch)
+class LaunchAdmin(admin.ModelAdmin):
+    list_display = ("id", "team", "state", "count", "template", "created_at")
+
+
+admin.site.register(Template)
+admin.site.register(Snapshot)
+admin.site.register(NetworkPolicy)

@@ -1,0 +1,361 @@
+"""What a host's worker does with the commands on its queue.
+
+Each command names the end state it wants ("ensure running", "ensure gone")
+for a chunk of sandboxes, so a replay (a worker killed mid-task, the task
+redelivered) does nothing twice: rows move with conditional updates, and the
+engine's create is idempotent on the sandbox's id (sent as its key).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, OuterRef
+from django.utils import timezone
+
+from billing.models import UsagePeriod
+from billing.services import usage_transition
+from sandboxes.engine import errors as engine_errors
+
+from . import notify
+from .engine_link import engine
+from .models import Host, Launch, Sandbox
+
+log = logging.getLogger("forkyard.lifecycle")
+PARALLEL = 16
+
+
+def _stuck_before() -> datetime:
+    return timezone.now() - timedelta(seconds=settings.FORKYARD_STUCK_AFTER_S)
+
+
+def _when(epoch: float | None) -> datetime | None:
+    return datetime.fromtimestamp(epoch, tz=UTC) if epoch else None
+
+
+def _create_args(sandbox: Sandbox, sizes: dict[str, Any]) -> dict[str, Any]:
+    args: dict[str, Any] = {
+        "template": sandbox.template,
+        "ttl_s": sandbox.ttl_s,
+        "env": sandbox.env,
+        "labels": {key: value for key, value in sandbox.labels.items()},
+        "key": sandbox.id,
+    }
+    engine_size = sizes.get(sandbox.size)
+    if sandbox.size and engine_size and (engine_size["cpu"], engine_size["memory_mib"]) == (sandbox.cpu, sandbox.memory_mib):
+        args["size"] = sandbox.size  # a size the engine knows: it may have a warm pool of it
+    else:
+        args["cpu"], args["memory_mib"] = sandbox.cpu, sandbox.memory_mib
+    return args
+
+
+def mark_running(sandbox: Sandbox, engine_record: dict[str, Any]) -> bool:
+    """creating -> running, with its first billed second; False if it changed meanwhile."""
+    ready_at = _when(engine_record.get("ready_at")) or timezone.now()
+    with transaction.atomic():
+        moved = Sandbox.objects.filter(pk=sandbox.pk, state=Sandbox.State.CREATING).update(
+            state=Sandbox.State.RUNNING,
+            engine_id=engine_record["id"],
+            ready_at=ready_at,
+            expires_at=_when(engine_record.get("expires_at")),
+            updated_at=timezone.now(),
+            env={},
+        )
+        if moved:
+            sandbox.refresh_from_db()
+            usage_transition(sandbox=sandbox, kind=UsagePeriod.Kind.RUNNING, at=ready_at)
+    return bool(moved)
+
+
+def mark_ended(sandbox: Sandbox, state: str, at: datetime | None = None, code: str = "", message: str = "") -> None:
+    """Any state -> an end state, closing its billing at the moment it ended."""
+    ended_at = at or timezone.now()
+    with transaction.atomic():
+        moved = Sandbox.objects.filter(pk=sandbox.pk, state__in=Sandbox.LIVE).update(
+            state=state,
+            ended_at=ended_at,
+            updated_at=timezone.now(),
+            env={},
+            error_code=code[:64],
+            error_message=message[:500],
+        )
+        if moved:
+            usage_transition(sandbox=sandbox, kind=None, at=ended_at)
+
+
+def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
+    """Ensure these sandboxes run on this host."""
+    Sandbox.objects.filter(id__in=sandbox_ids, host=host, state=Sandbox.State.QUEUED).update(
+        state=Sandbox.State.CREATING, updated_at=timezone.now()
+    )
+    rows = list(Sandbox.objects.filter(id__in=sandbox_ids, host=host, state__in=[Sandbox.State.CREATING, Sandbox.State.STOPPING]))
+    sizes = engine(host.engine_socket).info().get("sizes", {})
+    counts = {"running": 0, "failed": 0, "destroyed": 0}
+
+    def one(sandbox: Sandbox) -> str:
+        client = engine(host.engine_socket)
+        try:
+            record = client.create(**_create_args(sandbox, sizes))
+        except engine_errors.Unavailable:
+            raise  # the whole chunk is retried: creates are idempotent on the key
+        except engine_errors.EngineError as error:
+            mark_ended(sandbox, Sandbox.State.FAILED, code=error.code, message=error.message)
+            return "failed"
+        if record["state"] != "running":
+            mark_ended(sandbox, Sandbox.State.DESTROYED, at=_when(record.get("ended_at")))
+            return "destroyed"
+        if not mark_running(sandbox, record):
+            current = Sandbox.objects.get(pk=sandbox.pk)
+            if current.state in (Sandbox.State.RUNNING, Sandbox.State.PAUSED) and current.engine_id == record["id"]:
+                return "running"  # reconciliation recorded it first
+            # Destroy was asked while we created it: honour it now.
+            client.destroy(record["id"])
+            Sandbox.objects.filter(pk=sandbox.pk).update(engine_id=record["id"])
+            mark_ended(sandbox, Sandbox.State.DESTROYED)
+            return "destroyed"
+        return "running"
+
+    with ThreadPoolExecutor(min(PARALLEL, max(1, len(rows)))) as pool:
+        for outcome in pool.map(one, rows):
+            counts[outcome] += 1
+    notify.publish(sandbox_ids)
+    _settle_launches({row.launch_id for row in rows if row.launch_id})
+    return counts
+
+
+def take_down(host: Host, sandbox_ids: list[str]) -> int:
+    """Ensure these sandboxes are gone from this host."""
+    rows = list(
+        Sandbox.objects.filter(id__in=sandbox_ids, host=host).exclude(state__in=[Sandbox.State.DESTROYED, Sandbox.State.FAILED])
+    )
+
+    def one(sandbox: Sandbox) -> int:
+        if not sandbox.engine_id:
+            if sandbox.state == Sandbox.State.STOPPING and sandbox.updated_at < _stuck_before():
+                mark_ended(sandbox, Sandbox.State.DESTROYED)  # it never reached the engine
+            return 0
+        try:
+            record = engine(host.engine_socket).destroy(sandbox.engine_id)
+        except engine_errors.SandboxNotFound:
+            record = {}
+        mark_ended(sandbox, Sandbox.State.DESTROYED, at=_when(record.get("ended_at")))
+        return 1
+
+    with ThreadPoolExecutor(min(PARALLEL, max(1, len(rows)))) as pool:
+        done = sum(pool.map(one, rows))
+    notify.publish(sandbox_ids)
+    _settle_launches({row.launch_id for row in rows if row.launch_id})
+    return done
+
+
+def _settle_launches(launch_ids: set[str]) -> None:
+    for launch_id in launch_ids:
+        launch_settle(launch_id)
+
+
+def launch_settle(launch_id: str) -> None:
+    """A launch is ready once none of its sandboxes is still on its way, stopped once all ended."""
+    launch = Launch.objects.filter(pk=launch_id).first()
+    if launch is None:
+        return
+    pending = Sandbox.objects.filter(launch=launch, state__in=[Sandbox.State.QUEUED, Sandbox.State.CREATING])
+    made = Sandbox.objects.filter(launch=launch).count()
+    now = timezone.now()
+    if launch.state == Launch.State.CREATING and made == launch.count and not pending.exists():
+        Launch.objects.filter(pk=launch.pk, state=Launch.State.CREATING).update(state=Launch.State.READY, ready_at=now)
+    if launch.state in (Launch.State.STOPPING, Launch.State.READY, Launch.State.CREATING):
+        if made == launch.count and not Sandbox.objects.filter(launch=launch, state__in=Sandbox.LIVE).exists():
+            Launch.objects.filter(pk=launch.pk).exclude(state=Launch.State.STOPPED).update(
+                state=Launch.State.STOPPED, ended_at=now
+            )
+
+
+def dispatch(launch_id: str, env: dict[str, str], enqueue: Callable[[Host, list[str]], None]) -> int:
+    """Make a launch's sandboxes, in chunks spread over hosts with room."""
+    from .services import live_hosts
+
+    launch = Launch.objects.get(pk=launch_id)
+    if launch.state != Launch.State.CREATING:
+        return 0
+    existing = set(Sandbox.objects.filter(launch=launch).values_list("launch_index", flat=True))
+    missing = [index for index in range(launch.count) if index not in existing]
+    hosts = sorted(live_hosts(), key=lambda host: host.engine_sandboxes - host.max_sandboxes)
+    if not hosts:
+        Launch.objects.filter(pk=launch.pk).update(state=Launch.State.FAILED, ended_at=timezone.now())
+        return 0
+    room = {host.id: max(0, host.max_sandboxes - host.engine_sandboxes) for host in hosts}
+    chunk = settings.FORKYARD_LAUNCH_CHUNK
+    made = 0
+    for start in range(0, len(missing), chunk):
+        indexes = missing[start : start + chunk]
+        host = max(hosts, key=lambda candidate: room[candidate.id])
+        room[host.id] -= len(indexes)
+        rows = [
+            Sandbox(
+                team_id=launch.team_id,
+                api_key_id=launch.api_key_id,
+                host=host,
+                launch=launch,
+                launch_index=index,
+                template=launch.template,
+                snapshot_id=launch.snapshot_id,
+                size=launch.size,
+                cpu=launch.cpu,
+                memory_mib=launch.memory_mib,
+                ttl_s=launch.ttl_s,
+                network_policy_id=launch.network_policy_id,
+                env=env,
+                labels={**launch.labels, "launch": launch.id},
+            )
+            for index in indexes
+        ]
+        with transaction.atomic():
+            Sandbox.objects.bulk_create(rows, ignore_conflicts=True)
+        ids = list(
+            Sandbox.objects.filter(launch=launch, launch_index__in=indexes, state=Sandbox.State.QUEUED).values_list(
+                "id", flat=True
+            )
+        )
+        enqueue(host, ids)
+        made += len(ids)
+    return made
+
+
+def reconcile(host: Host) -> dict[str, int]:
+    """Make this host's rows and its engine agree, in both directions."""
+    client = engine(host.engine_socket)
+    live = {record["id"]: record for record in client.list()}
+    counts = {"ended": 0, "adopted": 0, "orphans_destroyed": 0, "requeued": 0, "billing_fixed": 0}
+    rows = Sandbox.objects.filter(host=host, state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED, Sandbox.State.STOPPING])
+    known: set[str] = set()
+    for sandbox in rows.exclude(engine_id=""):
+        known.add(sandbox.engine_id)
+        record = live.get(sandbox.engine_id)
+        if record is None or record["state"] in ("stopped", "destroyed"):
+            try:
+                record = client.get(sandbox.engine_id)
+            except engine_errors.EngineError:
+                record = {}
+            if record.get("state") in ("running", "paused", "creating"):
+                continue  # it started after we listed the host
+            state = Sandbox.State.STOPPED if record.get("state") == "stopped" else Sandbox.State.DESTROYED
+            if sandbox.state == Sandbox.State.STOPPING:
+                state = Sandbox.State.DESTROYED
+            mark_ended(sandbox, state, at=_when(record.get("ended_at")), message=record.get("reason") or "")
+            if record.get("state") == "stopped":
+                client.destroy(sandbox.engine_id)
+            counts["ended"] += 1
+    # The other direction: sandboxes the engine runs that no live row claims.
+    wanted = set(
+        Sandbox.objects.filter(host=host, engine_id__in=list(live), state__in=Sandbox.LIVE).values_list("engine_id", flat=True)
+    )
+    for engine_id, record in live.items():
+        if engine_id in wanted or engine_id in known:
+            continue
+        outcome = _claim_by_key(host, engine_id, record)
+        if outcome == "orphan":
+            client.destroy(engine_id)
+            counts["orphans_destroyed"] += 1
+        elif outcome == "adopted":
+            counts["adopted"] += 1
+    # Commands lost with a worker or broker: queue them again (they are idempotent).
+    from .services import enqueue_bring_up, enqueue_take_down
+
+    stuck = list(
+        Sandbox.objects.filter(
+            host=host, state__in=[Sandbox.State.QUEUED, Sandbox.State.CREATING], updated_at__lt=_stuck_before()
+        ).values_list("id", flat=True)[:1000]
+    )
+    if stuck:
+        Sandbox.objects.filter(id__in=stuck).update(updated_at=timezone.now())
+        enqueue_bring_up(host, stuck)
+        counts["requeued"] = len(stuck)
+    stopping = list(
+        Sandbox.objects.filter(host=host, state=Sandbox.State.STOPPING, updated_at__lt=_stuck_before()).values_list(
+            "id", flat=True
+        )[:1000]
+    )
+    if stopping:
+        Sandbox.objects.filter(id__in=stopping).update(updated_at=timezone.now())
+        enqueue_take_down(host, stopping)
+        counts["requeued"] += len(stopping)
+    counts["billing_fixed"] = reconcile_billing(host)
+    return counts
+
+
+def _claim_by_key(host: Host, engine_id: str, record: dict[str, Any]) -> str:
+    """Whose is an engine sandbox no row names?  Its key is the row's id.
+
+    "kept": a row recorded it since we listed; "adopted": its create finished
+    after the command that asked for it died, so we record it now rather than
+    make it again; "orphan": nobody's (destroy it).
+    """
+    key = record.get("key")
+    row = Sandbox.objects.filter(pk=key, host=host).first() if key else None
+    if row is None or row.state not in Sandbox.LIVE:
+        return "orphan"
+    if row.engine_id == engine_id:
+        return "kept"
+    if row.engine_id:
+        return "orphan"  # a second sandbox for one row: the recorded one stands
+    if row.state in (Sandbox.State.QUEUED, Sandbox.State.CREATING):
+        Sandbox.objects.filter(pk=row.pk, state=Sandbox.State.QUEUED).update(state=Sandbox.State.CREATING)
+        return (
+            "adopted" if mark_running(row, record) or Sandbox.objects.filter(pk=row.pk, engine_id=engine_id).exists() else "kept"
+        )
+    # Stopping, and never recorded: it is the one to stop.
+    Sandbox.objects.filter(pk=row.pk).update(engine_id=engine_id)
+    return "orphan"
+
+
+def reconcile_billing(host: Host) -> int:
+    """Open periods for running sandboxes lacking one; close those of ended ones."""
+    fixed = 0
+    open_period = UsagePeriod.objects.filter(sandbox=OuterRef("pk"), ended_at__isnull=True)
+    for sandbox in Sandbox.objects.filter(host=host, state=Sandbox.State.RUNNING).exclude(Exists(open_period)):
+        usage_transition(sandbox=sandbox, kind=UsagePeriod.Kind.RUNNING, at=sandbox.ready_at or sandbox.created_at)
+        fixed += 1
+    for period in (
+        UsagePeriod.objects.filter(sandbox__host=host, ended_at__isnull=True)
+        .exclude(sandbox__state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED])
+        .select_related("sandbox")
+    ):
+        assert period.sandbox is not None
+        usage_transition(sandbox=period.sandbox, kind=None, at=period.sandbox.ended_at or timezone.now())
+        fixed += 1
+    return fixed
+
+
+def host_heartbeat(name: str, socket_path: str) -> Host:
+    """Register this host (first time) and record its engine's capacity."""
+    from .models import Template
+
+    info = engine(socket_path).info()
+    now = timezone.now()
+    host, _ = Host.objects.update_or_create(
+        name=name,
+        defaults={
+            "queue": f"host.{name}",
+            "engine_socket": socket_path,
+            "region": settings.FORKYARD_REGION,
+            "cpus": info["cpus"],
+            "memory_mib": info["memory_mib"],
+            "max_sandboxes": info["max_sandboxes"],
+            "engine_sandboxes": info["sandboxes"] + info.get("pooled", 0),
+            "committed_memory_mib": info["committed_memory_mib"],
+            "engine_version": info["version"],
+            "last_heartbeat": now,
+        },
+    )
+    for template in engine(socket_path).call("templates.list")["templates"]:
+        row, _ = Template.objects.update_or_create(
+            name=template["name"], team=None, defaults={"size_bytes": template["size_bytes"], "layers": template["layers"]}
+        )
+        row.hosts.add(host)
+    return host

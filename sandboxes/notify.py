@@ -1,0 +1,75 @@
+"""Telling an API request that its sandbox has settled.
+
+The API queues a create (or destroy) for a host's worker and, by default,
+answers once the sandbox is running (or gone).  With Redis, the worker
+publishes on a channel per sandbox and the request wakes at once; on the
+embedded default the request polls the database row, a few milliseconds apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterable
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from .models import Sandbox
+
+POLL_START_S = 0.002
+POLL_MAX_S = 0.05
+
+
+def _channel(sandbox_id: str) -> str:
+    return f"fy:sandbox:{sandbox_id}"
+
+
+def publish(sandbox_ids: Iterable[str]) -> None:
+    if not settings.REDIS_URL:
+        return
+    import redis
+
+    client = redis.Redis.from_url(settings.REDIS_URL)
+    pipeline = client.pipeline()
+    for sandbox_id in sandbox_ids:
+        pipeline.publish(_channel(sandbox_id), b"1")
+    pipeline.execute()
+
+
+def _state(sandbox_id: str) -> Sandbox:
+    return Sandbox.objects.select_related("host").get(pk=sandbox_id)
+
+
+async def wait_until(sandbox_id: str, settled: set[str], timeout_s: float) -> Sandbox:
+    """The sandbox once its state is in ``settled``, or as it is at the timeout."""
+    deadline = time.monotonic() + timeout_s
+    if settings.REDIS_URL:
+        return await _wait_redis(sandbox_id, settled, deadline)
+    delay = POLL_START_S
+    while True:
+        sandbox = await sync_to_async(_state)(sandbox_id)
+        if sandbox.state in settled or time.monotonic() >= deadline:
+            return sandbox
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, POLL_MAX_S)
+
+
+async def _wait_redis(sandbox_id: str, settled: set[str], deadline: float) -> Sandbox:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(settings.REDIS_URL)
+    pubsub = client.pubsub()
+    await pubsub.subscribe(_channel(sandbox_id))
+    try:
+        while True:
+            # Subscribed before looking, so a publish between the two is not lost.
+            sandbox = await sync_to_async(_state)(sandbox_id)
+            remaining = deadline - time.monotonic()
+            if sandbox.state in settled or remaining <= 0:
+                return sandbox
+            await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
+    finally:
+        await pubsub.unsubscribe()
+        await pubsub.aclose()
+        await client.aclose()

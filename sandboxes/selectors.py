@@ -1,0 +1,150 @@
+"""Reads about sandboxes, always scoped to a team."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Q
+from django.utils import timezone
+
+from console.errors import not_found
+from console.models import Team
+
+from .models import Launch, NetworkPolicy, Sandbox, Snapshot
+
+
+def sandbox_for(team: Team, sandbox_id: str) -> Sandbox:
+    sandbox = Sandbox.objects.select_related("host").filter(team=team, pk=sandbox_id).first()
+    if sandbox is None:
+        raise not_found("sandbox", sandbox_id)
+    return sandbox
+
+
+def launch_for(team: Team, launch_id: str) -> Launch:
+    launch = Launch.objects.filter(team=team, pk=launch_id).first()
+    if launch is None:
+        raise not_found("launch", launch_id)
+    return launch
+
+
+def snapshot_for(team: Team, snapshot_id: str) -> Snapshot:
+    snapshot = Snapshot.objects.filter(team=team, pk=snapshot_id).exclude(state=Snapshot.State.DELETED).first()
+    if snapshot is None:
+        raise not_found("snapshot", snapshot_id)
+    return snapshot
+
+
+def policy_for(team: Team, policy_id: str) -> NetworkPolicy:
+    policy = NetworkPolicy.objects.filter(team=team, pk=policy_id).first()
+    if policy is None:
+        raise not_found("network_policy", policy_id)
+    return policy
+
+
+def sandbox_out(sandbox: Sandbox) -> dict[str, Any]:
+    return {
+        "id": sandbox.id,
+        "state": sandbox.state,
+        "host": sandbox.host.name if sandbox.host_id and sandbox.host else None,
+        "region": settings.FORKYARD_REGION,
+        "template": sandbox.template,
+        "snapshot": sandbox.snapshot_id,
+        "size": sandbox.size or None,
+        "cpu": sandbox.cpu,
+        "memory_mib": sandbox.memory_mib,
+        "ttl_s": sandbox.ttl_s,
+        "network_policy": sandbox.network_policy_id,
+        "labels": sandbox.labels,
+        "launch": sandbox.launch_id,
+        "created_at": sandbox.created_at,
+        "ready_at": sandbox.ready_at,
+        "expires_at": sandbox.expires_at,
+        "ended_at": sandbox.ended_at,
+        "error": {"code": sandbox.error_code, "message": sandbox.error_message} if sandbox.error_code else None,
+    }
+
+
+def sandboxes_page(
+    team: Team, state: str | None, label: str | None, limit: int, cursor: str | None
+) -> tuple[list[Sandbox], str | None]:
+    """Newest first, keyset-paginated: stays fast with 32,752 sandboxes in a team."""
+    rows = Sandbox.objects.select_related("host").filter(team=team)
+    if state:
+        rows = rows.filter(state=state)
+    if label:
+        key, _, value = label.partition("=")
+        rows = rows.filter(**{f"labels__{key}": value}) if value else rows.filter(labels__has_key=key)
+    if cursor:
+        created, _, last_id = cursor.partition("|")
+        rows = rows.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=last_id))
+    page = list(rows.order_by("-created_at", "-id")[: limit + 1])
+    next_cursor = None
+    if len(page) > limit:
+        page = page[:limit]
+        last = page[-1]
+        next_cursor = f"{last.created_at.isoformat()}|{last.id}"
+    return page, next_cursor
+
+
+def launch_progress(launch: Launch) -> dict[str, int]:
+    counts = dict(Sandbox.objects.filter(launch=launch).values_list("state").annotate(n=Count("id")).values_list("state", "n"))
+    return {
+        "requested": launch.count,
+        "queued": counts.get(Sandbox.State.QUEUED, 0) + max(0, launch.count - sum(counts.values())),
+        "creating": counts.get(Sandbox.State.CREATING, 0),
+        "running": counts.get(Sandbox.State.RUNNING, 0) + counts.get(Sandbox.State.PAUSED, 0),
+        "failed": counts.get(Sandbox.State.FAILED, 0),
+        "ended": counts.get(Sandbox.State.DESTROYED, 0)
+        + counts.get(Sandbox.State.STOPPED, 0)
+        + counts.get(Sandbox.State.STOPPING, 0),
+    }
+
+
+def launch_out(launch: Launch) -> dict[str, Any]:
+    progress = launch_progress(launch)
+    end = launch.ready_at or launch.ended_at or timezone.now()
+    elapsed = max(0.0, (end - launch.created_at).total_seconds())
+    started = progress["running"] + progress["failed"] + progress["ended"]
+    return {
+        "id": launch.id,
+        "state": launch.state,
+        "template": launch.template,
+        "snapshot": launch.snapshot_id,
+        "size": launch.size or None,
+        "count": launch.count,
+        "ttl_s": launch.ttl_s,
+        "labels": launch.labels,
+        "created_at": launch.created_at,
+        "ready_at": launch.ready_at,
+        "ended_at": launch.ended_at,
+        "progress": progress,
+        "elapsed_s": round(elapsed, 3),
+        "rate_per_s": round(started / elapsed, 1) if elapsed > 0 else 0.0,
+    }
+
+
+def snapshot_out(snapshot: Snapshot) -> dict[str, Any]:
+    return {
+        "id": snapshot.id,
+        "name": snapshot.name,
+        "state": snapshot.state,
+        "template": snapshot.template,
+        "parent": snapshot.parent_id,
+        "size_bytes": snapshot.size_bytes,
+        "labels": snapshot.labels,
+        "created_at": snapshot.created_at,
+        "ready_at": snapshot.ready_at,
+        "forks_alive": Sandbox.objects.filter(snapshot=snapshot, state__in=Sandbox.LIVE).count(),
+    }
+
+
+def policy_out(policy: NetworkPolicy) -> dict[str, Any]:
+    return {
+        "id": policy.id,
+        "name": policy.name,
+        "description": policy.description,
+        "egress": policy.egress,
+        "created_at": policy.created_at,
+        "updated_at": policy.updated_at,
+    }

@@ -1,0 +1,99 @@
+"""Launches: many sandboxes in one call, progress, teardown, and a worker killed mid-way."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import pytest
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+
+
+def wait_for(api, launch_id: str, states: set[str], timeout_s: float = 120) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        launch = api.get(f"/api/v1/launches/{launch_id}").json()
+        if launch["state"] in states:
+            return launch
+        time.sleep(0.2)
+    raise AssertionError(f"launch {launch_id} stuck: {launch}")
+
+
+def launch_members(api, launch_id: str) -> list[dict]:
+    members, cursor = [], None
+    while True:
+        page = api.get(f"/api/v1/launches/{launch_id}/sandboxes", params={"cursor": cursor} if cursor else {}).json()
+        members += page["sandboxes"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            return members
+
+
+def test_launch_of_200_runs_a_command_in_each_and_tears_down(api, stack):
+    created = api.post(
+        "/api/v1/launches", json={"template": "base", "size": "tiny", "count": 200, "ttl_s": 600, "labels": {"run": "l200"}}
+    )
+    assert created.status_code == 201, created.text
+    launch = wait_for(api, created.json()["id"], {"ready", "failed"})
+    assert launch["state"] == "ready"
+    assert launch["progress"] == {"requested": 200, "queued": 0, "creating": 0, "running": 200, "failed": 0, "ended": 0}
+    members = launch_members(api, launch["id"])
+    assert len(members) == 200 and len({member["id"] for member in members}) == 200
+    assert all(member["labels"]["launch"] == launch["id"] and member["labels"]["run"] == "l200" for member in members)
+
+    def run(member: dict) -> str:
+        result = api.post(f"/api/v1/sandboxes/{member['id']}/exec", json={"cmd": "hostname"})
+        assert result.status_code == 200, result.text
+        return result.json()["stdout"].strip()
+
+    with concurrent.futures.ThreadPoolExecutor(8) as pool:
+        hostnames = list(pool.map(run, members))
+    assert len(set(hostnames)) == 200, "two sandboxes answered with one hostname"
+
+    torn = api.delete(f"/api/v1/launches/{launch['id']}")
+    assert torn.status_code == 200 and torn.json()["state"] in ("stopping", "stopped")
+    final = wait_for(api, launch["id"], {"stopped"})
+    assert final["progress"]["ended"] == 200
+    with stack.engine.client() as engine:
+        assert [s for s in engine.list() if s["labels"].get("launch") == launch["id"]] == []
+
+
+def test_launch_idempotency_key(api):
+    body = {"template": "base", "size": "tiny", "count": 3, "idempotency_key": f"launch-{time.time()}"}
+    first, second = api.post("/api/v1/launches", json=body), api.post("/api/v1/launches", json=body)
+    assert (first.status_code, second.status_code) == (201, 200)
+    assert first.json()["id"] == second.json()["id"]
+    wait_for(api, first.json()["id"], {"ready"})
+    assert len(launch_members(api, first.json()["id"])) == 3
+    api.delete(f"/api/v1/launches/{first.json()['id']}")
+
+
+def test_worker_killed_mid_launch_leaves_no_orphan_and_no_double(api, stack):
+    created = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": 120, "ttl_s": 600}).json()
+    deadline = time.monotonic() + 30
+    while api.get(f"/api/v1/launches/{created['id']}").json()["progress"]["running"] < 10:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    stack.kill(stack.worker_pid)
+    stack.start_worker()
+    launch = wait_for(api, created["id"], {"ready"}, timeout_s=180)
+    assert launch["progress"]["running"] == 120 and launch["progress"]["failed"] == 0
+    members = launch_members(api, created["id"])
+    with stack.engine.client() as engine:
+        on_host = [s for s in engine.list() if s["labels"].get("launch") == created["id"]]
+    # Exactly one engine sandbox per launch member: none made twice, none orphaned.
+    recorded = {member["id"] for member in members}
+    keys = [s["key"] for s in on_host]
+    assert len(on_host) == 120, (
+        f"engine: {len(on_host)}, duplicates: {len(keys) - len(set(keys))}, recorded but not on the engine: {recorded - set(keys)}, "
+        + stack.shell(
+            f"from sandboxes.models import Sandbox; print(list(Sandbox.objects.filter(id__in={sorted(recorded - set(keys))!r}).values('id','state','engine_id','error_code')))"
+        )
+    )
+    assert len(members) == 120
+    api.delete(f"/api/v1/launches/{created['id']}")
+    wait_for(api, created["id"], {"stopped"})
+    time.sleep(2)  # one reconcile round
+    with stack.engine.client() as engine:
+        assert [s for s in engine.list() if s["labels"].get("launch") == created["id"]] == []
