@@ -103,6 +103,9 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
 else:
     DATABASES["default"].setdefault("CONN_MAX_AGE", 60)
     DATABASES["default"].setdefault("CONN_HEALTH_CHECKS", True)
+if "FORKYARD_TEST_DB_NAME" in os.environ:
+    # Test sessions sharing one database server each get their own test database.
+    DATABASES["default"]["TEST"] = {"NAME": os.environ["FORKYARD_TEST_DB_NAME"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 # --- broker, channel layer, cache ----------------------------------------------------------
