@@ -5,12 +5,12 @@ from __future__ import annotations
 from datetime import datetime, timedelta
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from django.utils import timezone
 from ninja import Router, Schema
 
 from console.api_base import key_of
+from console.db import db
 from console.errors import ApiError
 
 from .selectors import usage
@@ -53,4 +53,4 @@ async def get_usage(
         raise ApiError("invalid_request", "start must be before end", field="start")
     if group_by not in ("size", "key", "day", "all") and not group_by.startswith("label:"):
         raise ApiError("invalid_request", "group_by is size, key, day, all or label:<key>", field="group_by")
-    return await sync_to_async(usage)(key.team, start, end, group_by)
+    return await db(usage)(key.team, start, end, group_by)

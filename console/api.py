@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest
 from ninja import Router, Schema
 from pydantic import Field
+
+from console.db import db
 
 from .api_base import key_of
 from .errors import ApiError, not_found
@@ -102,7 +103,7 @@ async def whoami(request: HttpRequest) -> dict[str, Any]:
 @router.get("/keys", response={200: list[KeyOut], **ERRORS}, summary="List the team's API keys")
 async def list_keys(request: HttpRequest) -> list[dict[str, Any]]:
     team = key_of(request).team
-    return await sync_to_async(lambda: [_key_out(key) for key in ApiKey.objects.filter(team=team).order_by("-created_at")])()
+    return await db(lambda: [_key_out(key) for key in ApiKey.objects.filter(team=team).order_by("-created_at")])()
 
 
 @router.post("/keys", response={201: KeyCreated, **ERRORS}, summary="Create an API key (its secret is shown once)")
@@ -113,9 +114,7 @@ async def create_key(request: HttpRequest, payload: KeyCreate) -> tuple[int, dic
         raise ApiError("invalid_request", f"role must be one of {', '.join(Role.values)}", field="role")
     if payload.role == Role.OWNER:
         raise ApiError("invalid_request", "keys cannot be owners", field="role")
-    new = await sync_to_async(api_key_create)(
-        team=caller.team, name=payload.name, role=payload.role, expires_at=payload.expires_at
-    )
+    new = await db(api_key_create)(team=caller.team, name=payload.name, role=payload.role, expires_at=payload.expires_at)
     return 201, {**_key_out(new.key), "secret": new.secret}
 
 
@@ -130,4 +129,4 @@ async def revoke_key(request: HttpRequest, key_id: str) -> dict[str, Any]:
             raise not_found("key", key_id)
         return _key_out(api_key_revoke(key=key))
 
-    return await sync_to_async(act)()
+    return await db(act)()

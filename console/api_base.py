@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.http import HttpRequest, HttpResponse
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, HttpError, ValidationError
 from ninja.security import HttpBearer
+
+from console.db import db
 
 from .errors import ApiError
 from .keys import api_key_authenticate
@@ -50,7 +51,7 @@ class ApiKeyAuth(HttpBearer):
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:
             return None
-        key, verdict = await sync_to_async(_check)(token.strip())
+        key, verdict = await db(_check)(token.strip())
         if key is None or verdict is None:
             return None
         request.forkyard_headers = verdict.headers()  # type: ignore[attr-defined]

@@ -12,7 +12,6 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db.models import Q
 from django.http import HttpRequest, StreamingHttpResponse
@@ -22,6 +21,7 @@ from ninja import Query, Router
 from billing.models import UsagePeriod
 from billing.services import usage_transition
 from console.api_base import key_of
+from console.db import db
 from console.errors import ApiError, from_engine, not_found
 from sandboxes.engine.errors import EngineError
 
@@ -81,7 +81,7 @@ async def create_sandbox(request: HttpRequest, payload: SandboxCreate) -> tuple[
     while, or `wait` is false: 202, and its state says where it is.
     """
     key = key_of(request)
-    sandbox, created = await sync_to_async(services.sandbox_create)(key=key, spec=_spec(payload))
+    sandbox, created = await db(services.sandbox_create)(key=key, spec=_spec(payload))
     if payload.wait and sandbox.state not in SETTLED:
         sandbox = await wait_until(sandbox.id, SETTLED, settings.FORKYARD_CREATE_WAIT_S)
     if sandbox.state == Sandbox.State.FAILED and created:
@@ -110,21 +110,21 @@ async def list_sandboxes(
     key = key_of(request)
     if state is not None and state not in Sandbox.State.values:
         raise ApiError("invalid_request", f"state must be one of {', '.join(Sandbox.State.values)}", field="state")
-    page, next_cursor = await sync_to_async(selectors.sandboxes_page)(key.team, state, label, limit, cursor)
+    page, next_cursor = await db(selectors.sandboxes_page)(key.team, state, label, limit, cursor)
     return {"sandboxes": [selectors.sandbox_out(sandbox) for sandbox in page], "next_cursor": next_cursor}
 
 
 @router.get("/sandboxes/{sandbox_id}", response={200: SandboxOut, **ERRORS}, summary="Get a sandbox")
 async def get_sandbox(request: HttpRequest, sandbox_id: str) -> dict[str, Any]:
-    sandbox = await sync_to_async(selectors.sandbox_for)(key_of(request).team, sandbox_id)
+    sandbox = await db(selectors.sandbox_for)(key_of(request).team, sandbox_id)
     return selectors.sandbox_out(sandbox)
 
 
 @router.delete("/sandboxes/{sandbox_id}", response={200: SandboxOut, 202: SandboxOut, **ERRORS}, summary="Destroy a sandbox")
 async def destroy_sandbox(request: HttpRequest, sandbox_id: str, wait: bool = True) -> tuple[int, dict[str, Any]]:
     team = key_of(request).team
-    sandbox = await sync_to_async(selectors.sandbox_for)(team, sandbox_id)
-    sandbox = await sync_to_async(services.sandbox_destroy)(sandbox=sandbox)
+    sandbox = await db(selectors.sandbox_for)(team, sandbox_id)
+    sandbox = await db(services.sandbox_destroy)(sandbox=sandbox)
     if wait and sandbox.state not in GONE:
         sandbox = await wait_until(sandbox.id, GONE, settings.FORKYARD_CREATE_WAIT_S)
     return (200 if sandbox.state in GONE else 202), selectors.sandbox_out(sandbox)
@@ -142,7 +142,7 @@ def _running(team_id: str, sandbox_id: str) -> tuple[Sandbox, str]:
 
 
 async def _engine_call(team_id: str, sandbox_id: str, op: str, **args: Any) -> tuple[Sandbox, Any]:
-    sandbox, socket_path = await sync_to_async(_running)(team_id, sandbox_id)
+    sandbox, socket_path = await db(_running)(team_id, sandbox_id)
     try:
         async with async_pool(socket_path).client() as client:
             return sandbox, await client.call(op, id=sandbox.engine_id, **args)
@@ -175,7 +175,7 @@ async def exec_stream(request: HttpRequest, sandbox_id: str, payload: ExecIn) ->
     """Newline-delimited JSON: `{"type": "stdout"|"stderr", "data": ...}` as output comes,
     then `{"type": "exit", ...}` with the same fields as a plain exec."""
     key = key_of(request)
-    sandbox, socket_path = await sync_to_async(_running)(key.team_id, sandbox_id)
+    sandbox, socket_path = await db(_running)(key.team_id, sandbox_id)
     args = {**payload.dict(exclude={"output"}, exclude_none=True), "id": sandbox.engine_id, "stream": True}
 
     async def lines() -> AsyncIterator[bytes]:
@@ -194,7 +194,7 @@ async def exec_stream(request: HttpRequest, sandbox_id: str, payload: ExecIn) ->
 
 async def _download(request: HttpRequest, sandbox_id: str, op: str, path: str, content_type: str) -> StreamingHttpResponse:
     """Stream an engine's byte stream to the caller; errors surface before the first byte."""
-    sandbox, socket_path = await sync_to_async(_running)(key_of(request).team_id, sandbox_id)
+    sandbox, socket_path = await db(_running)(key_of(request).team_id, sandbox_id)
     stream = stream_call(socket_path, op, {"id": sandbox.engine_id, "path": path})
     try:
         await stream.__anext__()  # the header: not found, not a file, ... are raised here
@@ -210,13 +210,13 @@ async def _download(request: HttpRequest, sandbox_id: str, op: str, path: str, c
 
 
 async def _body_chunks(request: HttpRequest) -> AsyncIterator[bytes]:
-    while chunk := await sync_to_async(request.read)(UPLOAD_CHUNK):
+    while chunk := await db(request.read)(UPLOAD_CHUNK):
         yield chunk
 
 
 async def _upload(request: HttpRequest, sandbox_id: str, op: str, **args: Any) -> Any:
     """Stream the request body to an engine operation that takes one."""
-    sandbox, socket_path = await sync_to_async(_running)(key_of(request).team_id, sandbox_id)
+    sandbox, socket_path = await db(_running)(key_of(request).team_id, sandbox_id)
     try:
         async for kind, result in stream_call(socket_path, op, {"id": sandbox.engine_id, **args}, body=_body_chunks(request)):
             if kind == "result":
@@ -277,13 +277,13 @@ def _record_pause(sandbox_id: str, state: str) -> Sandbox:
 async def pause(request: HttpRequest, sandbox_id: str) -> dict[str, Any]:
     """Freeze every process in it. Paused time is billed at the paused rate."""
     sandbox, _ = await _engine_call(key_of(request).team_id, sandbox_id, "pause")
-    return selectors.sandbox_out(await sync_to_async(_record_pause)(sandbox.id, Sandbox.State.PAUSED))
+    return selectors.sandbox_out(await db(_record_pause)(sandbox.id, Sandbox.State.PAUSED))
 
 
 @router.post("/sandboxes/{sandbox_id}/resume", response={200: SandboxOut, **ERRORS}, summary="Resume a paused sandbox")
 async def resume(request: HttpRequest, sandbox_id: str) -> dict[str, Any]:
     sandbox, _ = await _engine_call(key_of(request).team_id, sandbox_id, "resume")
-    return selectors.sandbox_out(await sync_to_async(_record_pause)(sandbox.id, Sandbox.State.RUNNING))
+    return selectors.sandbox_out(await db(_record_pause)(sandbox.id, Sandbox.State.RUNNING))
 
 
 # --- launches -------------------------------------------------------------------------------
@@ -294,8 +294,8 @@ async def create_launch(request: HttpRequest, payload: LaunchCreate) -> tuple[in
     """`count` sandboxes from one template or snapshot, spread over hosts in chunks.
     Follow progress at `GET /launches/{id}`; forking a snapshot N times is a launch."""
     key = key_of(request)
-    launch, created = await sync_to_async(services.launch_create)(key=key, spec=_spec(payload), count=payload.count)
-    return (201 if created else 200), await sync_to_async(selectors.launch_out)(launch)
+    launch, created = await db(services.launch_create)(key=key, spec=_spec(payload), count=payload.count)
+    return (201 if created else 200), await db(selectors.launch_out)(launch)
 
 
 @router.get("/launches", response={200: list[LaunchOut], **ERRORS}, tags=["launches"], summary="List launches")
@@ -306,7 +306,7 @@ async def list_launches(request: HttpRequest, limit: int = Query(50, ge=1, le=50
             for launch in Launch.objects.filter(team=key_of(request).team).order_by("-created_at")[:limit]
         ]
 
-    return await sync_to_async(fetch)()
+    return await db(fetch)()
 
 
 @router.get("/launches/{launch_id}", response={200: LaunchOut, **ERRORS}, tags=["launches"], summary="A launch and its progress")
@@ -314,7 +314,7 @@ async def get_launch(request: HttpRequest, launch_id: str) -> dict[str, Any]:
     def fetch() -> dict[str, Any]:
         return selectors.launch_out(selectors.launch_for(key_of(request).team, launch_id))
 
-    return await sync_to_async(fetch)()
+    return await db(fetch)()
 
 
 @router.get(
@@ -342,7 +342,7 @@ async def launch_sandboxes(
             "next_cursor": str(page[-1].launch_index) if more else None,
         }
 
-    return await sync_to_async(fetch)()
+    return await db(fetch)()
 
 
 @router.delete("/launches/{launch_id}", response={200: LaunchOut, **ERRORS}, tags=["launches"], summary="Tear a launch down")
@@ -351,7 +351,7 @@ async def destroy_launch(request: HttpRequest, launch_id: str) -> dict[str, Any]
         launch = selectors.launch_for(key_of(request).team, launch_id)
         return selectors.launch_out(services.launch_destroy(launch=launch))
 
-    return await sync_to_async(act)()
+    return await db(act)()
 
 
 # --- templates and snapshots -----------------------------------------------------------------
@@ -375,7 +375,7 @@ async def list_templates(request: HttpRequest) -> list[dict[str, Any]]:
         rows = Template.objects.filter(Q(team__isnull=True) | Q(team=team)).prefetch_related("hosts").order_by("name")
         return [_template_out(template) for template in rows]
 
-    return await sync_to_async(fetch)()
+    return await db(fetch)()
 
 
 @router.get("/templates/{name}", response={200: TemplateOut, **ERRORS}, tags=["templates"], summary="Get a template")
@@ -388,7 +388,7 @@ async def get_template(request: HttpRequest, name: str) -> dict[str, Any]:
             raise not_found("template", name)
         return _template_out(template)
 
-    return await sync_to_async(fetch)()
+    return await db(fetch)()
 
 
 @router.post(
@@ -398,7 +398,7 @@ async def get_template(request: HttpRequest, name: str) -> dict[str, Any]:
     summary="Snapshot a sandbox",
 )
 async def snapshot_sandbox(request: HttpRequest, sandbox_id: str) -> Any:
-    await sync_to_async(selectors.sandbox_for)(key_of(request).team, sandbox_id)
+    await db(selectors.sandbox_for)(key_of(request).team, sandbox_id)
     raise ApiError("not_implemented", "snapshots are not available yet on this deployment", status=501)
 
 
@@ -410,7 +410,7 @@ async def list_snapshots(request: HttpRequest) -> list[dict[str, Any]]:
         rows = Snapshot.objects.filter(team=team).exclude(state=Snapshot.State.DELETED).order_by("-created_at")
         return [selectors.snapshot_out(snapshot) for snapshot in rows]
 
-    return await sync_to_async(fetch)()
+    return await db(fetch)()
 
 
 @router.get("/snapshots/{snapshot_id}", response={200: SnapshotOut, **ERRORS}, tags=["snapshots"], summary="Get a snapshot")
@@ -418,7 +418,7 @@ async def get_snapshot(request: HttpRequest, snapshot_id: str) -> dict[str, Any]
     def fetch() -> dict[str, Any]:
         return selectors.snapshot_out(selectors.snapshot_for(key_of(request).team, snapshot_id))
 
-    return await sync_to_async(fetch)()
+    return await db(fetch)()
 
 
 # --- network policies -------------------------------------------------------------------------------
@@ -429,9 +429,7 @@ policies = Router(tags=["network policies"])
 @policies.get("/network-policies", response={200: list[NetworkPolicyOut], **ERRORS}, summary="List network policies")
 async def list_policies(request: HttpRequest) -> list[dict[str, Any]]:
     team = key_of(request).team
-    return await sync_to_async(
-        lambda: [selectors.policy_out(p) for p in NetworkPolicy.objects.filter(team=team).order_by("name")]
-    )()
+    return await db(lambda: [selectors.policy_out(p) for p in NetworkPolicy.objects.filter(team=team).order_by("name")])()
 
 
 @policies.post("/network-policies", response={201: NetworkPolicyOut, **ERRORS}, summary="Create a network policy")
@@ -451,13 +449,13 @@ async def create_policy(request: HttpRequest, payload: NetworkPolicyIn) -> tuple
             )
         )
 
-    return 201, await sync_to_async(act)()
+    return 201, await db(act)()
 
 
 @policies.get("/network-policies/{policy_id}", response={200: NetworkPolicyOut, **ERRORS}, summary="Get a network policy")
 async def get_policy(request: HttpRequest, policy_id: str) -> dict[str, Any]:
     team = key_of(request).team
-    return await sync_to_async(lambda: selectors.policy_out(selectors.policy_for(team, policy_id)))()
+    return await db(lambda: selectors.policy_out(selectors.policy_for(team, policy_id)))()
 
 
 @policies.put("/network-policies/{policy_id}", response={200: NetworkPolicyOut, **ERRORS}, summary="Replace a network policy")
@@ -478,7 +476,7 @@ async def update_policy(request: HttpRequest, policy_id: str, payload: NetworkPo
             )
         )
 
-    return await sync_to_async(act)()
+    return await db(act)()
 
 
 @policies.delete("/network-policies/{policy_id}", response={200: Deleted, **ERRORS}, summary="Delete a network policy")
@@ -491,4 +489,4 @@ async def delete_policy(request: HttpRequest, policy_id: str) -> dict[str, Any]:
         policy_delete(policy=selectors.policy_for(team, policy_id))
         return {"id": policy_id, "deleted": True}
 
-    return await sync_to_async(act)()
+    return await db(act)()

@@ -12,8 +12,9 @@ import asyncio
 import time
 from collections.abc import Iterable
 
-from asgiref.sync import sync_to_async
 from django.conf import settings
+
+from console.db import db
 
 from .models import Sandbox
 
@@ -48,7 +49,7 @@ async def wait_until(sandbox_id: str, settled: set[str], timeout_s: float) -> Sa
         return await _wait_redis(sandbox_id, settled, deadline)
     delay = POLL_START_S
     while True:
-        sandbox = await sync_to_async(_state)(sandbox_id)
+        sandbox = await db(_state)(sandbox_id)
         if sandbox.state in settled or time.monotonic() >= deadline:
             return sandbox
         await asyncio.sleep(delay)
@@ -64,7 +65,7 @@ async def _wait_redis(sandbox_id: str, settled: set[str], deadline: float) -> Sa
     try:
         while True:
             # Subscribed before looking, so a publish between the two is not lost.
-            sandbox = await sync_to_async(_state)(sandbox_id)
+            sandbox = await db(_state)(sandbox_id)
             remaining = deadline - time.monotonic()
             if sandbox.state in settled or remaining <= 0:
                 return sandbox
