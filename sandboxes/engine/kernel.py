@@ -1,25 +1,24 @@
 """The engine's only door to the kernel through ctypes.
 
-Python 3.11 has no ``os.unshare``/``os.setns`` and no wrappers for mount,
-pivot_root, capabilities, seccomp, pidfds or openat2, so they live here, each
-raising :class:`KernelError` that names the step and the path.  The rest of
-the engine calls these by name, through a :class:`Kernel` object, so that unit
-tests can substitute :class:`RecordingKernel` and check the exact sequence of
-mounts without root.
+Python 3.11 has no wrappers for pidfds, openat2, statx, capabilities or
+seccomp, so they live here, each raising :class:`KernelError` that names the
+step and the path.  The rest of the engine calls these by name, through a
+:class:`Kernel` object.  What a new sandbox does to itself (namespaces,
+mounts, pivot_root, capabilities, seccomp) is not here: the zygote's child
+does it in C (``native/confine.c``), from a plan that ``rootfs.py`` builds as
+data.
 """
 
 from __future__ import annotations
 
 import ctypes
-import errno as errno_module
 import os
 import struct
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
-    from typing import Any
+    from collections.abc import Iterator
 
 # Namespace flags (linux/sched.h).
 CLONE_NEWNS = 0x00020000
@@ -36,21 +35,14 @@ MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
 MS_REMOUNT = 32
-MS_NOATIME = 1024
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
-MS_SLAVE = 1 << 19
 MNT_DETACH = 2
 
 # prctl options.
-PR_SET_PDEATHSIG = 1
-PR_SET_DUMPABLE = 4
-PR_CAPBSET_DROP = 24
 PR_SET_NO_NEW_PRIVS = 38
 PR_SET_CHILD_SUBREAPER = 36
-PR_CAP_AMBIENT = 47
-PR_CAP_AMBIENT_CLEAR_ALL = 4
 
 # openat2 resolve flags (linux/openat2.h).
 RESOLVE_NO_XDEV = 0x01
@@ -64,15 +56,10 @@ AT_SYMLINK_NOFOLLOW = 0x100
 STATX_MNT_ID = 0x1000
 SECCOMP_SET_MODE_FILTER = 1
 LINUX_CAPABILITY_VERSION_3 = 0x20080522
-LAST_CAPABILITY = 40  # CAP_CHECKPOINT_RESTORE; newer kernels reject nothing above their own last
 
 _SYSCALL_NUMBERS = {
     "x86_64": {
-        "clone": 56,
-        "pivot_root": 155,
-        "setns": 308,
         "seccomp": 317,
-        "execveat": 322,
         "pidfd_send_signal": 424,
         "pidfd_open": 434,
         "openat2": 437,
@@ -81,11 +68,7 @@ _SYSCALL_NUMBERS = {
         "statx": 332,
     },
     "aarch64": {
-        "clone": 220,
-        "pivot_root": 41,
-        "setns": 268,
         "seccomp": 277,
-        "execveat": 281,
         "pidfd_send_signal": 424,
         "pidfd_open": 434,
         "openat2": 437,
@@ -113,15 +96,8 @@ class KernelError(OSError):
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
-# clone() returns twice.  PyDLL keeps the GIL held across the call, so the
-# child comes back holding the interpreter state it expects.
-_libc_keep_gil = ctypes.PyDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
-_libc_keep_gil.syscall.restype = ctypes.c_long
-_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
-_libc.unshare.argtypes = [ctypes.c_int]
-_libc.sethostname.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 MACHINE = os.uname().machine
@@ -160,67 +136,13 @@ class _CapData(ctypes.Structure):
 class Kernel:
     """Real system calls.  Every method raises KernelError on failure."""
 
-    def clone_process(self, flags: int) -> int:
-        """fork() into new namespaces: returns 0 in the child, its pid in the parent.
-
-        A raw clone (no new stack, no CLONE_VM) behaves like fork, so the
-        child is the new pid namespace's PID 1 at once, with no second fork.
-        """
-        import signal
-
-        pid = _libc_keep_gil.syscall(_NUMBERS["clone"], ctypes.c_ulong(flags | signal.SIGCHLD), None, None, None, None)
-        if pid < 0:
-            raise _fail("clone")
-        return int(pid)
-
-    def unshare(self, flags: int) -> None:
-        if _libc.unshare(flags) != 0:
-            raise _fail("unshare", hex(flags))
-
-    def setns(self, fd: int, namespace_type: int) -> None:
-        if _libc.syscall(_NUMBERS["setns"], fd, namespace_type) != 0:
-            raise _fail("setns", hex(namespace_type))
-
-    def mount(self, source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
-        if _libc.mount(_encode(source), _encode(target), _encode(fstype), flags, _encode(data)) != 0:
-            raise _fail(f"mount {fstype or 'bind'}", target)
-
     def umount(self, target: str, flags: int = 0) -> None:
         if _libc.umount2(_encode(target), flags) != 0:
             raise _fail("umount", target)
 
-    def pivot_root(self, new_root: str, put_old: str) -> None:
-        if _libc.syscall(_NUMBERS["pivot_root"], _encode(new_root), _encode(put_old)) != 0:
-            raise _fail("pivot_root", new_root)
-
-    def sethostname(self, name: str) -> None:
-        raw = name.encode()
-        if _libc.sethostname(raw, len(raw)) != 0:
-            raise _fail("sethostname", name)
-
     def prctl(self, option: int, arg2: int = 0, arg3: int = 0) -> None:
         if _libc.prctl(option, arg2, arg3, 0, 0) != 0:
             raise _fail("prctl", str(option))
-
-    def drop_bounding_capabilities(self, keep: Sequence[int]) -> None:
-        kept = set(keep)
-        for capability in range(LAST_CAPABILITY + 1):
-            if capability in kept:
-                continue
-            if _libc.prctl(PR_CAPBSET_DROP, capability, 0, 0, 0) != 0 and ctypes.get_errno() != errno_module.EINVAL:
-                raise _fail("drop capability", str(capability))
-        if _libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0) != 0:
-            raise _fail("clear ambient capabilities")
-
-    def set_capabilities(self, keep: Sequence[int]) -> None:
-        """Effective, permitted and inheritable become exactly ``keep``."""
-        words = [0, 0]
-        for capability in keep:
-            words[capability // 32] |= 1 << (capability % 32)
-        header = _CapHeader(LINUX_CAPABILITY_VERSION_3, 0)
-        data = (_CapData * 2)(*[_CapData(word, word, word) for word in words])
-        if _libc.syscall(_NUMBERS["capset"], ctypes.byref(header), data) != 0:
-            raise _fail("capset")
 
     @contextmanager
     def filesystem_identity(self, uid: int, gid: int) -> Iterator[None]:
@@ -260,13 +182,6 @@ class Kernel:
         if _libc.syscall(_NUMBERS["seccomp"], SECCOMP_SET_MODE_FILTER, 0, ctypes.byref(fprog)) != 0:
             raise _fail("seccomp")
 
-    def execveat(self, fd: int, argv: Sequence[str], env: Sequence[str]) -> None:
-        """Execute the file open at ``fd``: only returns by raising."""
-        arguments = (ctypes.c_char_p * (len(argv) + 1))(*[a.encode() for a in argv], None)
-        environment = (ctypes.c_char_p * (len(env) + 1))(*[e.encode() for e in env], None)
-        _libc.syscall(_NUMBERS["execveat"], fd, b"", arguments, environment, AT_EMPTY_PATH)
-        raise _fail("execveat", f"fd {fd}")
-
     def pidfd_open(self, pid: int) -> int:
         fd = _libc.syscall(_NUMBERS["pidfd_open"], pid, 0)
         if fd < 0:
@@ -299,28 +214,6 @@ def mount_id(fd: int, name: str = "") -> int:
     return int(struct.unpack_from("=Q", buffer.raw, 144)[0])
 
 
-class RecordingKernel(Kernel):
-    """Records calls instead of making them; for tests that run without root."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[Any, ...]] = []
-
-    def mount(self, source: str | None, target: str, fstype: str | None, flags: int = 0, data: str | None = None) -> None:
-        self.calls.append(("mount", source, target, fstype, flags, data))
-
-    def umount(self, target: str, flags: int = 0) -> None:
-        self.calls.append(("umount", target, flags))
-
-    def pivot_root(self, new_root: str, put_old: str) -> None:
-        self.calls.append(("pivot_root", new_root, put_old))
-
-    def sethostname(self, name: str) -> None:
-        self.calls.append(("sethostname", name))
-
-    def unshare(self, flags: int) -> None:
-        self.calls.append(("unshare", flags))
-
-
 def process_start_time(pid: int, proc: str = "/proc") -> int:
     """Field 22 of /proc/<pid>/stat: with the pid, it names one process forever."""
     with open(f"{proc}/{pid}/stat", "rb") as stat:
@@ -328,13 +221,3 @@ def process_start_time(pid: int, proc: str = "/proc") -> int:
     # The command name may hold spaces and parentheses: split after the last ')'.
     fields = raw[raw.rindex(b")") + 2 :].split()
     return int(fields[19])
-
-
-def loopback_up() -> None:
-    """Bring up ``lo`` in the current network namespace (one SIOCSIFFLAGS)."""
-    import fcntl
-    import socket
-
-    siocsifflags, iff_up, iff_loopback = 0x8914, 0x1, 0x8
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as handle:
-        fcntl.ioctl(handle, siocsifflags, struct.pack("16sh", b"lo", iff_up | iff_loopback))

@@ -1,44 +1,43 @@
-"""The spawner: the process that creates sandboxes and is the parent of their PID 1s.
+"""The spawner: the engine's link to the zygote, and the parent of every sandbox's PID 1.
 
 Why a separate process:
 
-* It stays small and single-threaded.  ``unshare(CLONE_NEWUSER)`` is refused
-  to multi-threaded processes, and a small process forks fast.
 * It outlives the engine.  Started detached, it keeps reaping sandbox init
   processes while the engine is down (this machine's PID 1 reaps nothing), and
   the restarted engine simply reconnects to it.
+* It owns the zygote (``native/zygote.c``), a small C process that clones
+  every sandbox.  The sandboxes' inits are *our* children (the zygote clones
+  with CLONE_PARENT), so we reap them and tell the engine of each exit.
+  Cloning from this Python process instead used to copy its ~7 MiB heap on
+  every create, and the exec of init then tore that copy down.
 
-Create, in the order the code runs it (:func:`Spawner.spawn` then
-:func:`_child`):
+Create, in the order the code runs it (:meth:`Spawner.spawn`, then
+native/zygote.c and native/confine.c):
 
 1. spawner: bind the sandbox's control socket at a host path under the run
-   directory; sandboxes cannot see that path.
-2. spawner: ``clone()`` with new user, mount, pid, net, ipc and uts
-   namespaces.  A raw clone behaves like fork, so the child is at once PID 1
-   of its pid namespace: no second fork.
-3. spawner: write the child's pid into its cgroup(s), then its uid and gid
-   maps (root inside = ``uid_base`` outside), then release it.
-4. child: ``unshare(CLONE_NEWCGROUP)``, now that it sits in its own cgroup, so
-   that cgroup becomes the root it sees.
-5. child: become root of the user namespace, set the hostname (= sandbox id).
-6. child: build the root filesystem (:mod:`.rootfs`) and pivot into it.
-7. child: bring up loopback, set rlimits, drop every capability outside the
-   kept set, set ``no_new_privs``, install the seccomp filter.
-8. child: ``execveat`` the init binary from a sealed memfd.  The sandbox can
-   never write the binary that enters it (``/proc/self/exe`` points at a
-   sealed, anonymous file).
-9. init: signals ready on a pipe once it accepts exec requests.
+   directory (sandboxes cannot see that path); make its ready pipe.
+2. spawner: send the zygote the sandbox's id, id range, cgroup(s) and root
+   filesystem plan (:func:`.rootfs.plan`), with the socket and the pipe.
+3. zygote: ``clone()`` with new user, mount, pid, net, ipc and uts namespaces;
+   the child is at once PID 1 of its pid namespace, and our child.
+4. zygote: write the child's pid into its cgroup(s), then its uid and gid maps
+   (root inside = ``uid_base`` outside); answer with the pid; release it.
+5. child: ``unshare(CLONE_NEWCGROUP)``, become root, hostname, the plan
+   (ending in ``pivot_root``), loopback, rlimits, capabilities,
+   ``no_new_privs``, seccomp; then it is init, with no exec.
+6. init: one byte on the ready pipe once it accepts exec requests.
+7. spawner: answer the engine with the pid and its start time.
 
-A failing step is reported through a close-on-exec pipe as
-``{"step", "errno", "target"}``; the spawner kills the child and answers the
-engine with that error.
+A failing step is reported, by the zygote in its answer or by the child on
+the ready pipe, as ``{"step", "errno", "target", "message"}``; the spawner
+kills the child if it is still there and answers the engine with that error.
 """
 
 from __future__ import annotations
 
 import errno
 import fcntl
-import gc
+import itertools
 import json
 import os
 import resource
@@ -49,26 +48,11 @@ import sys
 import time
 from typing import TYPE_CHECKING
 
-from . import rootfs
-from .kernel import (
-    CLONE_NEWCGROUP,
-    CLONE_NEWIPC,
-    CLONE_NEWNET,
-    CLONE_NEWNS,
-    CLONE_NEWPID,
-    CLONE_NEWUSER,
-    CLONE_NEWUTS,
-    PR_SET_NO_NEW_PRIVS,
-    Kernel,
-    KernelError,
-    loopback_up,
-    process_start_time,
-)
+from . import rootfs, zygote
+from .kernel import process_start_time
 
 if TYPE_CHECKING:
     from typing import Any
-
-NAMESPACES = CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS
 
 # Capabilities kept inside the sandbox's user namespace (they mean nothing
 # outside it): enough for package managers and servers, nothing that reaches
@@ -87,9 +71,9 @@ KEPT_CAPABILITIES = {
     "AUDIT_WRITE": 29,
     "SETFCAP": 31,
 }
-FD_LISTEN, FD_READY, FD_LAYER = 3, 4, 5
 READY_TIMEOUT_S = 15.0
 MAX_MESSAGE = 1 << 20
+MAX_REPORT = 8192
 
 
 class SpawnSpec:
@@ -110,9 +94,8 @@ class SpawnSpec:
 class Settings:
     """The spawner's own configuration, from the environment the engine gives it.
 
-    The spawner imports as little as it can (it is started with ``python -S``
-    and without the engine's configuration module): every create copies its
-    memory map, so a smaller heap is a faster clone and a faster exec.
+    The spawner imports little (it is started with ``python -S`` and without
+    the engine's configuration module): it starts fast and stays small.
     """
 
     def __init__(self, environ: dict[str, str]) -> None:
@@ -124,7 +107,7 @@ class Settings:
 
 
 def sealed_copy(path: str) -> int:
-    """The init binary in a memfd that no one, root included, can modify."""
+    """The native binary in a memfd that no one, root included, can modify."""
     with open(path, "rb") as handle:
         data = handle.read()
     fd = os.memfd_create("forkyard-init", os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
@@ -134,121 +117,59 @@ def sealed_copy(path: str) -> int:
     return fd
 
 
-def _child(kernel: Kernel, spec: SpawnSpec, pipes: dict[str, int], listen_fd: int, program: bytes, init_fd: int) -> None:
-    """Runs in the clone()d child; never returns."""
-    step = "wait for the spawner"
-    target = spec.sandbox_id
-    # A collection would walk (and so copy-on-write) the whole inherited heap.
-    gc.disable()
-    try:
-        signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-        if os.read(pipes["sync_read"], 1) != b"1":
-            os._exit(1)  # the spawner gave up on us
-        step = "unshare cgroup namespace"
-        kernel.unshare(CLONE_NEWCGROUP)
-        step = "become root in the user namespace"
-        os.setresgid(0, 0, 0)
-        os.setgroups([])
-        os.setresuid(0, 0, 0)
-        step = "set hostname"
-        kernel.sethostname(spec.sandbox_id)
-        step = "build root filesystem"
-        upper_fd = rootfs.build(kernel, spec.rootfs)
-        step = "bring up loopback"
-        loopback_up()
-        step = "set rlimits"
-        nofile = min(spec.nofile, resource.getrlimit(resource.RLIMIT_NOFILE)[1])
-        resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        step = "drop capabilities"
-        kept = sorted(KEPT_CAPABILITIES.values())
-        kernel.drop_bounding_capabilities(kept)
-        kernel.set_capabilities(kept)
-        step = "set no_new_privs"
-        kernel.prctl(PR_SET_NO_NEW_PRIVS, 1)
-        step = "install seccomp filter"
-        kernel.set_seccomp_filter(program)
-        step = "arrange file descriptors"
-        # Move everything out of the way first, so dup2 never clobbers a source.
-        *sources, init_fd = [
-            fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 100) for fd in (listen_fd, pipes["ready_write"], upper_fd, init_fd)
-        ]
-        for wanted, source in zip((FD_LISTEN, FD_READY, FD_LAYER), sources, strict=True):
-            os.dup2(source, wanted, inheritable=True)
-        null = os.open("/dev/null", os.O_RDWR)
-        for stdio in (0, 1, 2):
-            os.dup2(null, stdio, inheritable=True)
-        step = "execute init"
-        kernel.execveat(init_fd, ["forkyard-init"], [])
-    except BaseException as error:  # noqa: BLE001 - everything must reach the spawner
-        number = getattr(error, "errno", None) or errno.EIO
-        failed_target = getattr(error, "target", "") or target
-        failed_step = getattr(error, "step", "") or step
-        report = {
-            "step": step if failed_step == step else f"{step}: {failed_step}",
-            "errno": number,
-            "target": failed_target,
-            "message": str(error) or type(error).__name__,
-        }
-        try:
-            os.write(pipes["error_write"], json.dumps(report).encode()[:4000])
-        finally:
-            os._exit(1)
-    os._exit(1)
+def kept_capability_mask() -> int:
+    return sum(1 << number for number in KEPT_CAPABILITIES.values())
 
 
 class Pending:
-    """A sandbox between clone() and its init's ready byte."""
+    """A sandbox between its request and its init's ready byte.
+
+    Two things must arrive, in either order: the zygote's answer (the pid, or
+    an error) and the ready pipe's outcome ('R', or a report and EOF).
+    """
 
     __slots__ = (
         "request_id",
         "connection",
+        "token",
         "pid",
-        "pidfd",
-        "error_read",
         "ready_read",
         "deadline",
         "socket_path",
-        "error_data",
-        "error_closed",
+        "answered",
+        "ready",
         "ready_closed",
+        "report",
     )
 
     def __init__(
-        self,
-        request_id: Any,
-        connection: socket.socket,
-        pid: int,
-        pidfd: int,
-        error_read: int,
-        ready_read: int,
-        deadline: float,
-        socket_path: str,
+        self, request_id: Any, connection: socket.socket, token: int, ready_read: int, deadline: float, socket_path: str
     ) -> None:
         self.request_id = request_id
         self.connection = connection
-        self.pid = pid
-        self.pidfd = pidfd
-        self.error_read = error_read
+        self.token = token
+        self.pid = 0
         self.ready_read = ready_read
         self.deadline = deadline
         self.socket_path = socket_path
-        self.error_data = bytearray()
-        self.error_closed = False
+        self.answered = False
+        self.ready = False
         self.ready_closed = False
+        self.report = bytearray()
 
 
 class Spawner:
-    def __init__(self, settings: Settings, kernel: Kernel | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.kernel = kernel or Kernel()
         self.version = settings.version
-        with open(settings.seccomp_program, "rb") as handle:
-            self.program = handle.read()
-        self.init_fd = sealed_copy(settings.init_binary)
+        self.binary_fd = sealed_copy(settings.init_binary)
         self.selector = selectors.DefaultSelector()
-        self.pending: dict[int, Pending] = {}  # by pid
+        self.inflight: dict[int, Pending] = {}  # by token
+        self.tokens = itertools.count(1)
         self.children: set[int] = set()
+        # Inits reaped before the zygote's answer named them (killed from
+        # outside in that instant): the answer must not count them as alive.
+        self.unclaimed: dict[int, int] = {}
         self.connections: set[socket.socket] = set()
         self.retiring = False
         self.listener: socket.socket | None = None
@@ -257,6 +178,12 @@ class Spawner:
         signal.set_wakeup_fd(signal_write)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(self.signal_read, selectors.EVENT_READ, ("signal", None))
+        self.zygote: zygote.Zygote | None = None
+        self._start_zygote()
+
+    def _start_zygote(self) -> None:
+        self.zygote = zygote.Zygote.start(self.binary_fd, kept_capability_mask(), self.settings.seccomp_program)
+        self.selector.register(self.zygote.socket, selectors.EVENT_READ, ("zygote", None))
 
     # --- serving -------------------------------------------------------
 
@@ -277,20 +204,23 @@ class Spawner:
     def serve_forever(self) -> None:
         while True:
             timeout = None
-            if self.pending:
-                timeout = max(0.0, min(p.deadline for p in self.pending.values()) - time.monotonic())
+            if self.inflight:
+                timeout = max(0.0, min(p.deadline for p in self.inflight.values()) - time.monotonic())
             for key, _ in self.selector.select(timeout):
                 kind, payload = key.data
                 if kind == "accept":
                     self._accept()
                 elif kind == "request":
                     self._request(payload)
+                elif kind == "zygote":
+                    self._zygote_replies()
                 elif kind == "signal":
                     self._reap()
-                elif kind in ("error", "ready"):
-                    self._child_output(kind, payload)
+                elif kind == "ready":
+                    self._ready_output(payload)
             self._expire()
-            if self.retiring and not self.children and not self.pending:
+            if self.retiring and not self.children and not self.inflight:
+                self._stop_zygote()
                 return
 
     def _accept(self) -> None:
@@ -384,6 +314,21 @@ class Spawner:
 
     def spawn(self, spec: SpawnSpec, request_id: Any, connection: socket.socket) -> dict[str, Any] | None:
         """Start creating a sandbox; the answer comes when its init is ready."""
+        if self.zygote is None:
+            return {"step": "hand over to the zygote", "errno": errno.ECHILD, "target": "", "message": "no zygote"}
+        token = next(self.tokens)
+        try:
+            message = zygote.encode_spawn(
+                token,
+                spec.sandbox_id,
+                spec.uid_base,
+                spec.uid_count,
+                spec.nofile,
+                spec.cgroup_procs,
+                zygote.encoded_plan(spec.rootfs),
+            )
+        except ValueError as error:
+            return {"step": "parse spec", "errno": errno.EINVAL, "target": spec.sandbox_id, "message": str(error)}
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             try:
@@ -395,113 +340,97 @@ class Spawner:
         except OSError as error:
             listener.close()
             return {"step": "bind control socket", "errno": error.errno, "target": spec.socket_path, "message": str(error)}
-        sync_read, sync_write = os.pipe2(os.O_CLOEXEC)
-        error_read, error_write = os.pipe2(os.O_CLOEXEC)
-        ready_read, ready_write = os.pipe2(os.O_CLOEXEC)
-        pipes = {"sync_read": sync_read, "error_write": error_write, "ready_write": ready_write}
+        ready_read, ready_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
         try:
-            pid = self.kernel.clone_process(NAMESPACES)
-        except KernelError as error:
-            for fd in (sync_read, sync_write, error_read, error_write, ready_read, ready_write):
-                os.close(fd)
-            listener.close()
-            return {"step": "clone", "errno": error.errno, "target": spec.sandbox_id, "message": str(error)}
-        if pid == 0:
-            _child(self.kernel, spec, pipes, listener.fileno(), self.program, self.init_fd)
-        self.children.add(pid)
-        for fd in (sync_read, error_write, ready_write):
-            os.close(fd)
-        listener.close()
-        pidfd = self.kernel.pidfd_open(pid)
-        failure = None
-        try:
-            for procs in spec.cgroup_procs:
-                with open(procs, "w") as handle:
-                    handle.write(str(pid))
-            mapping = f"0 {spec.uid_base} {spec.uid_count}\n"
-            for name in ("uid_map", "gid_map"):
-                with open(f"/proc/{pid}/{name}", "w") as handle:
-                    handle.write(mapping)
-            os.write(sync_write, b"1")
+            self.zygote.spawn(message, listener.fileno(), ready_write)
         except OSError as error:
-            failure = {
-                "step": "place in cgroup and map ids",
-                "errno": error.errno,
-                "target": str(error.filename or pid),
-                "message": str(error),
-            }
+            os.close(ready_read)
+            os.unlink(spec.socket_path)
+            return {"step": "hand over to the zygote", "errno": error.errno, "target": spec.sandbox_id, "message": str(error)}
         finally:
-            os.close(sync_write)
-        if failure:
-            self._kill(pidfd)
-            for fd in (pidfd, error_read, ready_read):
-                os.close(fd)
-            return failure
-        for fd in (error_read, ready_read):
-            os.set_blocking(fd, False)
-        pending = Pending(
-            request_id, connection, pid, pidfd, error_read, ready_read, time.monotonic() + READY_TIMEOUT_S, spec.socket_path
-        )
-        self.pending[pid] = pending
-        self.selector.register(error_read, selectors.EVENT_READ, ("error", pending))
+            # Only the sandbox keeps them: the ready pipe's EOF then means it died.
+            listener.close()
+            os.close(ready_write)
+        pending = Pending(request_id, connection, token, ready_read, time.monotonic() + READY_TIMEOUT_S, spec.socket_path)
+        self.inflight[token] = pending
         self.selector.register(ready_read, selectors.EVENT_READ, ("ready", pending))
         return None
 
-    def _kill(self, pidfd: int) -> None:
+    def _zygote_replies(self) -> None:
+        assert self.zygote is not None
         try:
-            self.kernel.pidfd_send_signal(pidfd, signal.SIGKILL)
-        except KernelError:
-            pass
+            for reply in self.zygote.replies():
+                self._zygote_reply(reply)
+        except EOFError:
+            # It died; _reap restarts it when it collects its exit status.
+            self.selector.unregister(self.zygote.socket)
+        except ValueError as error:
+            print(f"spawner: {error}", file=sys.stderr, flush=True)
 
-    def _child_output(self, kind: str, pending: Pending) -> None:
-        """The error pipe closes at exec (empty) or carries a report; the
-        ready pipe carries 'R' once init listens, or closes if it died."""
-        fd = pending.error_read if kind == "error" else pending.ready_read
+    def _zygote_reply(self, reply: zygote.Reply) -> None:
+        if reply.pid:
+            if self.unclaimed.pop(reply.pid, None) is None:
+                self.children.add(reply.pid)
+        pending = self.inflight.get(reply.token)
+        if pending is None:
+            # We already gave up on this create (it timed out): no init may run for it.
+            self._kill(reply.pid)
+            return
+        pending.pid = reply.pid
+        pending.answered = True
+        if reply.error is not None:
+            self._finish(pending, reply.error)
+        elif pending.ready:
+            self._finish(pending, None)
+        elif pending.ready_closed:
+            self._finish(pending, self._child_error(pending))
+
+    def _ready_output(self, pending: Pending) -> None:
+        """'R' once init listens; or a report from the failing child, then EOF."""
         try:
-            data = os.read(fd, 4096)
+            data = os.read(pending.ready_read, 4096)
         except BlockingIOError:
             return
         except OSError:
             data = b""
-        if kind == "error":
-            if data:
-                pending.error_data += data
-                return
-            pending.error_closed = True
-            self.selector.unregister(fd)
-            if pending.error_data or pending.ready_closed:
-                self._finish(pending, self._child_error(pending))
+        if data.startswith(b"R") and not pending.report:
+            pending.ready = True
+        elif data:
+            if len(pending.report) < MAX_REPORT:
+                pending.report += data[: MAX_REPORT - len(pending.report)]
             return
-        self.selector.unregister(fd)
-        pending.ready_closed = True
-        if data.startswith(b"R"):
-            self._finish(pending, None)
-        elif pending.error_closed:
-            self._finish(pending, self._child_error(pending))
-        # else: the child died before exec; its report is still on its way.
+        else:
+            pending.ready_closed = True
+        self.selector.unregister(pending.ready_read)
+        if pending.answered:
+            self._finish(pending, None if pending.ready else self._child_error(pending))
 
     def _child_error(self, pending: Pending) -> dict[str, Any]:
-        if not pending.error_data:
-            return {
-                "step": "start init",
-                "errno": errno.ECHILD,
-                "target": pending.socket_path,
-                "message": "init exited before it was ready",
-            }
-        try:
-            report: dict[str, Any] = json.loads(bytes(pending.error_data))
-        except ValueError:
-            report = {"step": "unknown", "errno": errno.EIO, "target": "", "message": pending.error_data.decode(errors="replace")}
-        return report
+        if pending.report:
+            return zygote.decode_report(bytes(pending.report))
+        return {
+            "step": "start init",
+            "errno": errno.ECHILD,
+            "target": pending.socket_path,
+            "message": "init exited before it was ready",
+        }
+
+    def _kill(self, pid: int) -> None:
+        # Only our own child that we have not reaped: its pid cannot have
+        # been reused, so the signal reaches the right process.
+        if pid in self.children:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _finish(self, pending: Pending, error: dict[str, Any] | None) -> None:
-        self.pending.pop(pending.pid, None)
-        for fd in (pending.error_read, pending.ready_read):
-            try:
-                self.selector.unregister(fd)
-            except (KeyError, ValueError):
-                pass
-            os.close(fd)
+        self.inflight.pop(pending.token, None)
+        try:
+            self.selector.unregister(pending.ready_read)
+        except (KeyError, ValueError):
+            pass
+        os.close(pending.ready_read)
         if error is None:
             try:
                 start_time = process_start_time(pending.pid)
@@ -513,26 +442,24 @@ class Spawner:
                     "message": "init exited right after start",
                 }
         if error is not None:
-            self._kill(pending.pidfd)
-            os.close(pending.pidfd)
+            self._kill(pending.pid)
             try:
                 os.unlink(pending.socket_path)
             except OSError:
                 pass
             self._send(pending.connection, {"request_id": pending.request_id, "ok": False, "error": error})
             return
-        os.close(pending.pidfd)
         self._send(
             pending.connection, {"request_id": pending.request_id, "ok": True, "pid": pending.pid, "start_time": start_time}
         )
 
     def _expire(self) -> None:
         now = time.monotonic()
-        for pending in [p for p in self.pending.values() if p.deadline <= now]:
+        for pending in [p for p in self.inflight.values() if p.deadline <= now]:
             self._finish(
                 pending,
                 {
-                    "step": "wait for init",
+                    "step": "wait for init" if pending.answered else "wait for the zygote",
                     "errno": errno.ETIMEDOUT,
                     "target": pending.socket_path,
                     "message": "init did not become ready",
@@ -552,26 +479,59 @@ class Spawner:
                 return
             if pid == 0:
                 return
-            self.children.discard(pid)
+            if self.zygote is not None and pid == self.zygote.pid:
+                self._zygote_exited(status)
+                continue
+            if pid in self.children:
+                self.children.discard(pid)
+            else:
+                self.unclaimed[pid] = status
             # Tell every engine connected: that is how it learns a sandbox died.
             for connection in list(self.connections):
                 self._send(connection, {"event": "exited", "pid": pid, "status": status})
+
+    def _zygote_exited(self, status: int) -> None:
+        """Fail the creates it had not answered, and start another (unless retiring).
+
+        A child it cloned but never released reads EOF on its sync pipe and exits.
+        """
+        assert self.zygote is not None
+        print(f"spawner: the zygote {self.zygote.pid} exited (status {status})", file=sys.stderr, flush=True)
+        try:
+            self.selector.unregister(self.zygote.socket)
+        except (KeyError, ValueError):
+            pass
+        self.zygote.close()
+        self.zygote = None
+        for pending in [p for p in self.inflight.values() if not p.answered]:
+            error = {"step": "hand over to the zygote", "errno": errno.ECHILD, "target": "", "message": "the zygote exited"}
+            self._finish(pending, error)
+        self.unclaimed.clear()
+        if not self.retiring:
+            self._start_zygote()
+
+    def _stop_zygote(self) -> None:
+        if self.zygote is None:
+            return
+        self.selector.unregister(self.zygote.socket)
+        self.zygote.close()  # it exits on EOF
+        try:
+            os.waitpid(self.zygote.pid, 0)
+        except ChildProcessError:
+            pass
+        self.zygote = None
 
 
 def main() -> int:
     try:
         settings = Settings(dict(os.environ))
-        # Children inherit our hard limit and cannot raise it in their user
-        # namespace; use all of it (some hosts drop CAP_SYS_RESOURCE, so we
+        # The zygote and every sandbox inherit our hard limit and cannot raise
+        # it in their user namespace; use all of it (some hosts drop CAP_SYS_RESOURCE, so we
         # cannot go beyond it either).
         hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
         resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
         spawner = Spawner(settings)
         spawner.listen()
-        # Everything imported so far lives as long as we do: keep the
-        # collector (and so every child's copy-on-write faults) off it.
-        gc.collect()
-        gc.freeze()
         print(f"spawner {os.getpid()} version {spawner.version} listening on {settings.socket_path}", flush=True)
         spawner.serve_forever()
     except Exception:  # noqa: BLE001 - a daemon's last word goes to its log

@@ -13,6 +13,7 @@ import pytest
 
 from sandboxes.engine import errors, faults
 from sandboxes.engine.cgroups import detect
+from tests.engine.engines import separate_engine
 from tests.support.engine import EngineProcess
 from tests.support.leaks import snapshot_host
 
@@ -21,13 +22,8 @@ pytestmark = pytest.mark.root
 
 @pytest.fixture
 def own_engine(work_dir: Path) -> Iterator[EngineProcess]:
-    engine = EngineProcess(work_dir / f"recovery-{os.urandom(3).hex()}")
-    engine.start()
-    with engine.client() as client:
-        client.call("templates.build_base", name="base", replace=True)
-    yield engine
-    engine.reclaim()
-    engine.remove_files()
+    with separate_engine(work_dir / f"recovery-{os.urandom(3).hex()}") as engine:
+        yield engine
 
 
 def test_sigkill_and_restart_adopts_running_and_paused_sandboxes(own_engine: EngineProcess):

@@ -5,8 +5,9 @@
  * memory is paid 32,752 times on a full host.  Built static against musl it
  * holds a few dozen KiB; a Python interpreter would hold ~10 MiB.
  *
- * It is started by the engine's spawner already confined (namespaces, cgroup,
- * capabilities, no_new_privs, seccomp) and inherits:
+ * It is not exec'd: the zygote (zygote.c) clones a child that confines itself
+ * (confine.c: namespaces, cgroup, root filesystem, capabilities,
+ * no_new_privs, seccomp) and then calls init_serve() with:
  *   fd 3  a listening SOCK_SEQPACKET socket bound at a host path that only the
  *         engine can reach; every exec request arrives on a connection to it.
  *   fd 4  the write end of the "ready" pipe: one byte once we accept requests.
@@ -43,7 +44,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
-enum { FD_LISTEN = 3, FD_READY = 4, FD_LAYER = 5 };
+#include "forkyard.h"
+
 enum { MAX_REQUEST = 256 * 1024, MAX_ARGS = 4096, PATH_BUFFER = 4096 };
 enum { CONN_IDLE, CONN_RUNNING, CONN_FAILED };
 
@@ -191,34 +193,14 @@ static void drop_connection(size_t index) {
 
 /* Returns 0 to keep the connection, -1 to drop it. */
 static int handle_message(struct connection *conn) {
-    struct iovec vector = {request, MAX_REQUEST};
-    union {
-        char buffer[CMSG_SPACE(sizeof(int) * 3)];
-        struct cmsghdr align;
-    } control;
-    struct msghdr header = {0};
-    header.msg_iov = &vector;
-    header.msg_iovlen = 1;
-    header.msg_control = control.buffer;
-    header.msg_controllen = sizeof control.buffer;
-    ssize_t length = recvmsg(conn->fd, &header, MSG_CMSG_CLOEXEC | MSG_DONTWAIT);
+    struct received received;
+    ssize_t length = receive_message(conn->fd, request, MAX_REQUEST, MSG_DONTWAIT, &received);
     if (length < 0) return (errno == EAGAIN || errno == EINTR) ? 0 : -1;
     if (length == 0) return -1;
-
-    int fds[3] = {-1, -1, -1};
-    int fd_count = 0;
-    for (struct cmsghdr *cmsg = CMSG_FIRSTHDR(&header); cmsg; cmsg = CMSG_NXTHDR(&header, cmsg)) {
-        if (cmsg->cmsg_level != SOL_SOCKET || cmsg->cmsg_type != SCM_RIGHTS) continue;
-        size_t count = (cmsg->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-        int *received = (int *)CMSG_DATA(cmsg);
-        for (size_t index = 0; index < count; index++) {
-            if (fd_count < 3) fds[fd_count++] = received[index];
-            else close(received[index]);
-        }
-    }
+    int *fds = received.fds, fd_count = received.count;
     int result = -1;
     char op = request[0];
-    if ((header.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) != 0) {
+    if (received.truncated) {
         result = -1;
     } else if (op == 'X' && conn->state == CONN_IDLE && fd_count == 3 && length >= 16) {
         uint32_t argc, envc;
@@ -239,7 +221,7 @@ static int handle_message(struct connection *conn) {
         send_reply(conn->fd, 'P', running, 0);
         result = 0;
     }
-    for (int index = 0; index < fd_count; index++) close(fds[index]);
+    close_received(&received);
     return result;
 }
 
@@ -275,9 +257,10 @@ static void accept_connections(void) {
     }
 }
 
-int main(void) {
+int init_serve(void) {
     /* Non-dumpable: code in the sandbox holds no CAP_SYS_PTRACE, so it can
-     * neither ptrace us nor open our /proc/1/fd (the writable layer, fd 5). */
+     * neither ptrace us nor open our /proc/1/fd (the writable layer, fd 5).
+     * confine.c already set it; it costs nothing to say it where it matters. */
     prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
     make_cloexec(FD_LISTEN);
     make_cloexec(FD_LAYER);

@@ -1,93 +1,148 @@
-"""The root filesystem steps, recorded without root on a fake tree."""
+"""The root filesystem plan: the exact sequence of mounts, checked without root.
+
+The plan is data that native/confine.c runs step by step; what the C does
+with each step against the real kernel is checked by tests/engine/test_create.py.
+"""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
-from sandboxes.engine import rootfs
-from sandboxes.engine.kernel import MS_BIND, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT, RecordingKernel
+from sandboxes.engine import rootfs, zygote
+from sandboxes.engine.kernel import MS_BIND, MS_NODEV, MS_NOEXEC, MS_NOSUID, MS_PRIVATE, MS_RDONLY, MS_REC, MS_REMOUNT
+
+SPEC = rootfs.RootfsSpec(
+    layers_dir="/state/layers",
+    lower=("snap", "base"),
+    scratch_dir="/state/mnt/scratch",
+    root_dir="/state/mnt/root",
+    disk_bytes=1 << 20,
+    dev_dir="/state/dev",
+)
 
 
-class ResolvingKernel(RecordingKernel):
-    """Records mounts with their targets resolved (they are /proc/self/fd paths)."""
-
-    def mount(self, source, target, fstype, flags=0, data=None):  # type: ignore[no-untyped-def]
-        self.calls.append(("mount", source, os.path.realpath(target), fstype, flags, data))
-
-
-@pytest.fixture
-def fake_tree(tmp_path: Path) -> rootfs.RootfsSpec:
-    layers = tmp_path / "layers"
-    (layers / "base" / "etc").mkdir(parents=True)
-    for directory in ("scratch", "root"):
-        (tmp_path / directory).mkdir()
-    for directory in ("proc", "sys", "dev", "tmp"):
-        (tmp_path / "root" / directory).mkdir()
-    return rootfs.RootfsSpec(str(layers), ("snap", "base"), str(tmp_path / "scratch"), str(tmp_path / "root"), 1 << 20)
+def _where(step: rootfs.Step) -> str:
+    """A step's target as the sandbox (relative) or the host (absolute) names it."""
+    if step.target.startswith("/"):
+        return step.target
+    return "/" + "/".join(part for part in (step.within, step.target) if part)
 
 
-@pytest.fixture(autouse=True)
-def keep_cwd():
-    cwd = os.getcwd()
-    yield
-    os.chdir(cwd)
+def test_steps_run_in_the_documented_order():
+    steps = [(step.op, _where(step), step.fstype or step.source) for step in rootfs.plan(SPEC)]
+    assert steps == [
+        ("mount", "/", ""),
+        ("mount", "/state/mnt/scratch", "tmpfs"),
+        ("mkdir", "/state/mnt/scratch/upper", ""),
+        ("mkdir", "/state/mnt/scratch/work", ""),
+        ("keep-layer", "/state/mnt/scratch/upper", ""),
+        ("chdir", "/state/layers", ""),
+        ("mount", "/state/mnt/root", "overlay"),
+        ("enter-root", "/state/mnt/root", ""),
+        ("mount", "/proc", "proc"),
+        ("mount", "/sys", "sysfs"),
+        ("mount", "/dev", "/state/dev"),
+        ("mount", "/dev/pts", "devpts"),
+        ("mount", "/dev/shm", "tmpfs"),
+        ("mount", "/dev/mqueue", "mqueue"),
+        *[("mount", f"/proc/{name}", "/dev/null") for name in rootfs.MASKED_PROC_FILES],
+        *[("bind-read-only", f"/proc/{name}", "") for name in rootfs.READ_ONLY_PROC],
+        ("mount", "/proc/acpi", "tmpfs"),
+        ("mount", "/proc/scsi", "tmpfs"),
+        ("mount", "/proc/asound", "tmpfs"),
+        ("mount", "/proc/driver", "tmpfs"),
+        ("mount", "/sys/firmware", "tmpfs"),
+        ("mkdir", "/tmp", ""),
+        ("mkdir", "/root", ""),
+        ("pivot", "/", ""),
+    ]
 
 
-def test_steps_run_in_the_documented_order(fake_tree: rootfs.RootfsSpec):
-    kernel = ResolvingKernel()
-    upper_fd = rootfs.build(kernel, fake_tree)
-    os.close(upper_fd)
-    root = fake_tree.root_dir
-    mounts = [call for call in kernel.calls if call[0] == "mount"]
-    assert mounts[0] == ("mount", None, "/", None, MS_REC | MS_PRIVATE, None)
-    assert mounts[1][2:4] == (fake_tree.scratch_dir, "tmpfs")
-    assert f"size={1 << 20}" in mounts[1][5]
-    overlay = mounts[2]
-    assert overlay[2:4] == (root, "overlay")
-    assert overlay[5].startswith("lowerdir=snap:base,upperdir=") and overlay[5].endswith(",userxattr")
-    targets = [(call[2], call[3]) for call in mounts[3:]]
-    assert (f"{root}/proc", "proc") in targets
-    assert (f"{root}/sys", "sysfs") in targets
-    assert (f"{root}/dev", "tmpfs") in targets
-    sysfs = next(call for call in mounts if call[3] == "sysfs")
-    assert sysfs[4] & MS_RDONLY
-    # The last steps: pivot into the new root, detach the old one.
-    assert kernel.calls[-2:] == [("pivot_root", ".", "."), ("umount", ".", 2)]
+def test_mounts_are_private_before_anything_is_mounted():
+    first = rootfs.plan(SPEC)[0]
+    assert (first.op, first.target, first.flags) == ("mount", "/", MS_REC | MS_PRIVATE)
 
 
-def test_tmp_and_root_are_created_with_safe_modes(fake_tree: rootfs.RootfsSpec):
-    os.rmdir(Path(fake_tree.root_dir) / "tmp")
-    os.close(rootfs.build(RecordingKernel(), fake_tree))
-    assert (Path(fake_tree.root_dir) / "tmp").stat().st_mode & 0o7777 == 0o1777
-    assert (Path(fake_tree.root_dir) / "root").stat().st_mode & 0o7777 == 0o700
+def test_scratch_is_sized_to_the_disk_and_holds_the_overlay_layers():
+    steps = rootfs.plan(SPEC)
+    scratch = steps[1]
+    assert scratch.data == f"size={1 << 20},mode=0755" and scratch.flags == MS_NOSUID | MS_NODEV
+    overlay = next(step for step in steps if step.fstype == "overlay")
+    assert overlay.data == ("lowerdir=snap:base,upperdir=/state/mnt/scratch/upper,workdir=/state/mnt/scratch/work,userxattr")
+    # Lower layers are relative names: the child enters layers_dir first.
+    assert steps.index(next(step for step in steps if step.op == "chdir")) < steps.index(overlay)
 
 
-@pytest.mark.parametrize("target", ["proc", "dev", "sys"])
-def test_a_symlinked_mount_target_is_refused(fake_tree: rootfs.RootfsSpec, target: str):
-    (Path(fake_tree.root_dir) / target).rmdir()
-    (Path(fake_tree.root_dir) / target).symlink_to("/")
-    kernel = RecordingKernel()
-    with pytest.raises(rootfs.RootfsError) as raised:
-        rootfs.build(kernel, fake_tree)
-    assert raised.value.target == f"/{target}"
+def test_every_target_in_the_new_root_is_relative_and_needs_no_symlink():
+    steps = rootfs.plan(SPEC)
+    root = [step.op for step in steps].index("enter-root")
+    for step in steps[root + 1 : -1]:
+        assert step.target and not step.target.startswith("/") and ".." not in step.target.split("/"), step
+        assert not step.within.startswith("/"), step
 
 
-def test_a_mount_target_that_is_a_file_is_refused(fake_tree: rootfs.RootfsSpec):
-    (Path(fake_tree.root_dir) / "proc").rmdir()
-    (Path(fake_tree.root_dir) / "proc").write_text("not a directory")
-    with pytest.raises(rootfs.RootfsError):
-        rootfs.build(RecordingKernel(), fake_tree)
+def test_proc_sys_and_dev_are_created_if_absent_and_masks_skipped():
+    by_where = {_where(step): step for step in rootfs.plan(SPEC)}
+    for created in ("/proc", "/sys", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue"):
+        assert (by_where[created].missing, by_where[created].mode) == ("create", 0o755), created
+    for name in rootfs.MASKED_PROC_FILES:
+        assert by_where[f"/proc/{name}"].missing == "skip"
+    assert by_where["/proc/kcore"].flags == MS_BIND
 
 
-def test_read_only_remounts_repeat_the_locked_flags(fake_tree: rootfs.RootfsSpec):
-    # Pretend the new proc has /proc/sys, as a real one would.
-    (Path(fake_tree.root_dir) / "proc" / "sys").mkdir()
-    kernel = RecordingKernel()
-    os.close(rootfs.build(kernel, fake_tree))
-    remounts = [call for call in kernel.calls if call[0] == "mount" and call[4] & MS_REMOUNT]
-    assert remounts, "no read-only remount of /proc/sys"
-    for call in remounts:
-        assert call[4] & MS_BIND and call[4] & MS_RDONLY and call[4] & rootfs.LOCKED == rootfs.LOCKED
+def test_proc_is_locked_down_and_sys_read_only():
+    by_where = {_where(step): step for step in rootfs.plan(SPEC)}
+    assert by_where["/proc"].flags == rootfs.LOCKED
+    assert by_where["/sys"].flags == MS_RDONLY | rootfs.LOCKED
+    for hidden in ("/proc/acpi", "/sys/firmware"):
+        assert by_where[hidden].flags == MS_RDONLY | rootfs.LOCKED and by_where[hidden].data == "size=0,mode=0555"
+
+
+def test_read_only_remounts_repeat_the_locked_flags():
+    remounts = [step for step in rootfs.plan(SPEC) if step.op == "bind-read-only"]
+    assert [step.target for step in remounts] == list(rootfs.READ_ONLY_PROC)
+    for step in remounts:
+        assert step.within == "proc"
+        assert step.flags == MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+
+
+def test_tmp_and_root_are_created_with_safe_modes():
+    modes = {step.target: step.mode for step in rootfs.plan(SPEC) if step.op == "mkdir"}
+    assert modes["tmp"] == 0o1777
+    assert modes["root"] == 0o700
+    assert modes["/state/mnt/scratch/work"] == 0o700
+
+
+def test_the_plan_ends_in_the_new_root():
+    assert rootfs.plan(SPEC)[-1] == rootfs.Step("pivot")
+
+
+def test_the_plan_is_encoded_as_nine_fields_a_step():
+    raw = zygote.encoded_plan(SPEC)
+    fields = raw.split(b"\0")
+    assert fields[-1] == b""  # every field ends in NUL
+    count = int(fields[0])
+    assert count == len(rootfs.plan(SPEC)) and len(fields) - 2 == 9 * count
+    assert fields[1:10] == [b"mount", b"", b"/", b"", b"", b"", str(MS_REC | MS_PRIVATE).encode(), b"0", b"fail"]
+
+
+def test_a_nul_byte_cannot_shift_the_fields():
+    with pytest.raises(ValueError):
+        zygote.encode_spawn(1, "sb-x\0evil", 0, 1, 1, (), b"")
+    with pytest.raises(ValueError):
+        zygote.encoded_plan(SPEC._replace(dev_dir="/state/dev\0/"))
+
+
+def test_replies_and_reports_decode_to_the_engine_error_shape():
+    assert zygote.decode_reply(b"ok\x007\x00123\x00") == zygote.Reply(7, 123, None)
+    reply = zygote.decode_reply(b"error\x007\x00123\x00place in cgroup\x002\x00/sys/x/cgroup.procs\x00")
+    assert reply.error == {
+        "step": "place in cgroup",
+        "errno": 2,
+        "target": "/sys/x/cgroup.procs",
+        "message": "place in cgroup failed on /sys/x/cgroup.procs: No such file or directory",
+    }
+    report = zygote.decode_report(b"Ebuild root filesystem: open mount target\x0040\x00/proc\x00")
+    assert (report["step"], report["errno"], report["target"]) == ("build root filesystem: open mount target", 40, "/proc")
+    with pytest.raises(ValueError):
+        zygote.decode_reply(b"ok\x007")

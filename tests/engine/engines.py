@@ -1,0 +1,25 @@
+"""Engines of a test's own, apart from the shared one in tests/conftest.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from tests.support.engine import EngineProcess
+
+
+@contextmanager
+def separate_engine(directory: Path) -> Iterator[EngineProcess]:
+    """An engine with the base template, apart from the shared one (a test that
+    crashes it, or whose failed creates must not count elsewhere); every trace
+    of it is reclaimed after."""
+    engine = EngineProcess(directory)
+    engine.start()
+    with engine.client() as client:
+        client.call("templates.build_base", name="base", replace=True)
+    try:
+        yield engine
+    finally:
+        engine.reclaim()
+        engine.remove_files()

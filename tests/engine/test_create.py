@@ -1,0 +1,186 @@
+"""Creating a sandbox through the zygote: the steps native/confine.c runs, against the real kernel.
+
+The plan's order is checked without root in unit/test_rootfs.py; here the C
+side meets hostile templates, and the process tree it builds is checked:
+every init is the spawner's child (so it is reaped and its exit reported),
+with nothing inherited that it should not have.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import os
+import shutil
+import signal
+import tarfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxes.engine import errors
+from sandboxes.engine.templates import layer_directory_name
+from tests.engine.engines import separate_engine
+from tests.support.engine import EngineProcess
+from tests.support.leaks import snapshot_host
+
+pytestmark = pytest.mark.root
+
+
+@pytest.fixture(scope="module")
+def engine_process(work_dir: Path) -> Iterator[EngineProcess]:
+    """This module's own engine (the ``engine`` and ``sandbox`` fixtures then use
+    it): its failed creates must not count against the shared one."""
+    with separate_engine(work_dir / f"create-{os.urandom(3).hex()}") as engine:
+        yield engine
+
+
+def _tampered_template(engine, engine_process, tmp_path: Path, name: str, change) -> str:
+    """A busybox template whose layer ``change(layer_directory)`` then edits on disk.
+
+    Import makes /proc, /sys, /dev, /tmp and /root plain directories, so a
+    hostile root can only come from a layer written some other way: a
+    snapshot of what sandbox code wrote.  Editing the layer stands in for that.
+    """
+    archive_path = tmp_path / f"{name}.tar"
+    with tarfile.open(archive_path, "w") as archive:
+        for entry, data in (("bin/busybox", Path("/bin/busybox").read_bytes()), ("unique", name.encode())):
+            info = tarfile.TarInfo(entry)
+            info.size, info.mode = len(data), 0o755
+            archive.addfile(info, io.BytesIO(data))
+        link = tarfile.TarInfo("bin/sh")
+        link.type, link.linkname = tarfile.SYMTYPE, "busybox"
+        archive.addfile(link)
+    engine.import_template(name, str(archive_path))
+    (layer,) = engine.call("templates.get", name=name)["layers"]
+    change(engine_process.config.layers_dir / layer_directory_name(layer))
+    return name
+
+
+def _plant(name: str, replacement: str | bytes):
+    def change(layer: Path) -> None:
+        shutil.rmtree(layer / name)
+        if isinstance(replacement, str):
+            (layer / name).symlink_to(replacement)
+        else:
+            (layer / name).write_bytes(replacement)
+
+    return change
+
+
+def _processes() -> dict[int, tuple[str, int, str]]:
+    """pid -> (comm, parent pid, cgroup file) of every process."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+            cgroup = Path(entry.path, "cgroup").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode()
+        found[int(entry.name)] = (comm, int(stat[stat.rindex(b")") + 2 :].split()[1]), cgroup)
+    return found
+
+
+def _init_pid(sandbox_id: str) -> int:
+    (pid,) = [pid for pid, (comm, _, cgroup) in _processes().items() if f"fy-{sandbox_id}" in cgroup and comm == "forkyard-init"]
+    return pid
+
+
+def _zygote_pid(spawner_pid: int) -> int:
+    (pid,) = [pid for pid, (comm, parent, _) in _processes().items() if parent == spawner_pid and comm == "forkyard-zygote"]
+    return pid
+
+
+@pytest.mark.parametrize("planted", ["proc", "dev", "sys"])
+def test_a_layer_that_plants_a_symlink_over_a_mount_target_fails_cleanly(engine, engine_process, tmp_path, planted):
+    template = _tampered_template(engine, engine_process, tmp_path, f"planted-{planted}", _plant(planted, "/"))
+    before = snapshot_host(engine_process)
+    with pytest.raises(errors.CreateFailed) as raised:
+        engine.create(template=template, size="tiny")
+    details = raised.value.details
+    assert details["target"] == f"/{planted}"
+    assert "open mount target" in details["step"]
+    # Opened without following it: the symlink itself is not a directory.
+    assert details["errno"] in (errno.ENOTDIR, errno.ELOOP)
+    assert snapshot_host(engine_process).leaks_since(before) == {}
+    engine.call("templates.delete", name=template)
+
+
+def test_a_mount_target_that_is_a_file_fails_cleanly(engine, engine_process, tmp_path):
+    template = _tampered_template(engine, engine_process, tmp_path, "proc-file", _plant("proc", b"not a directory"))
+    with pytest.raises(errors.CreateFailed) as raised:
+        engine.create(template=template, size="tiny")
+    assert (raised.value.details["target"], raised.value.details["errno"]) == ("/proc", errno.ENOTDIR)
+    engine.call("templates.delete", name=template)
+
+
+def test_missing_directories_are_created_with_safe_modes(engine, engine_process, tmp_path):
+    def remove(layer: Path) -> None:
+        for name in ("tmp", "root", "proc", "sys", "dev"):
+            (layer / name).rmdir()
+
+    template = _tampered_template(engine, engine_process, tmp_path, "bare", remove)
+    sandbox = engine.create(template=template, size="tiny")["id"]
+    try:
+        modes = engine.exec(sandbox, "/bin/busybox stat -c '%n %a' /tmp /root").stdout.decode().splitlines()
+        assert modes == ["/tmp 1777", "/root 700"]
+        assert engine.exec(sandbox, "/bin/busybox cat /proc/1/comm").stdout == b"forkyard-init\n"
+    finally:
+        engine.destroy(sandbox)
+    engine.call("templates.delete", name=template)
+
+
+def test_init_is_the_spawners_child_with_nothing_inherited(engine, engine_process, sandbox):
+    spawner = engine_process.spawner_pid()
+    init = _init_pid(sandbox)
+    assert _processes()[init][1] == spawner, "the spawner must be the parent that reaps init"
+    status = engine.exec(sandbox, ["cat", "/proc/self/status"]).stdout.decode()
+    assert "SigIgn:\t0000000000000000" in status, "an ignored signal would pass to every command"
+    host_status = Path(f"/proc/{init}/status").read_text()
+    assert "SigIgn:\t0000000000000000" in host_status
+    assert "SigBlk:\t0000000000010000" in host_status  # SIGCHLD, read through a signalfd
+    # Stdio, the control socket, the writable layer and init's own signalfd;
+    # the ready pipe is closed, and nothing of the zygote's or spawner's is left.
+    # (The exec above leaves a connection that init drops when it sees it close.)
+    deadline = time.monotonic() + 5
+    while True:
+        descriptors = {fd: os.readlink(f"/proc/{init}/fd/{fd}") for fd in os.listdir(f"/proc/{init}/fd")}
+        if len(descriptors) <= 6 or time.monotonic() > deadline:
+            break
+        time.sleep(0.02)
+    assert sorted(descriptors, key=int) == ["0", "1", "2", "3", "5", "6"], descriptors
+    assert descriptors["3"].startswith("socket:") and descriptors["6"] == "anon_inode:[signalfd]"
+    assert os.readlink(f"/proc/{init}/exe").startswith("/memfd:forkyard-init")
+
+
+def test_a_killed_zygote_is_replaced_and_running_sandboxes_carry_on(engine, engine_process, sandbox):
+    spawner = engine_process.spawner_pid()
+    assert spawner
+    zygote = _zygote_pid(spawner)
+    os.kill(zygote, signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        try:
+            if _zygote_pid(spawner) != zygote:
+                break
+        except ValueError:
+            pass
+        time.sleep(0.02)
+    assert _zygote_pid(spawner) != zygote
+    assert engine.exec(sandbox, "echo still here").stdout == b"still here\n"
+    fresh = engine.create(template="base", size="tiny")["id"]
+    try:
+        assert engine.exec(fresh, "hostname").stdout.decode().strip() == fresh
+    finally:
+        engine.destroy(fresh)
+    # Exits are still reported: an init killed from outside is noticed.
+    os.kill(_init_pid(sandbox), signal.SIGKILL)
+    deadline = time.monotonic() + 5
+    while engine.get(sandbox)["state"] != "stopped" and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert engine.get(sandbox)["state"] == "stopped"
