@@ -123,9 +123,10 @@ def run(sandbox_id: str, cmd: str | list[str], options: ExecOptions, *, stream: 
     return Call("POST", _sandbox(sandbox_id, "/exec/stream" if stream else "/exec"), json=body, read_timeout_s=timeout_s + EXEC_MARGIN_S)
 
 
-def stream_event(line: str | bytes) -> ExecChunk | ExecResult | None:
+def stream_event(line: str | bytes, encoding: str) -> ExecChunk | ExecResult | None:
     """One line of ``POST .../exec/stream`` (newline-delimited JSON); None for a blank line.
 
+    Output lines do not name their encoding: it is the ``output`` the request asked for.
     An ``error`` line (the engine failed mid-command) is raised as its typed error.
     """
     if not line.strip():
@@ -136,7 +137,7 @@ def stream_event(line: str | bytes) -> ExecChunk | ExecResult | None:
         return ExecResult.from_api({**event, "stdout": "", "stderr": ""})
     if kind == "error":
         raise error_from_body(int(event.get("status") or 500), event)
-    return ExecChunk(stream=str(kind), data=str(event.get("data", "")), encoding=str(event.get("encoding", "text")))
+    return ExecChunk(stream=str(kind), data=str(event.get("data", "")), encoding=encoding)
 
 
 # --- files -----------------------------------------------------------------------------

@@ -10,7 +10,7 @@ poll, stream and hand out live objects, are written out in ``client`` and
 
 from __future__ import annotations
 
-import functools
+import inspect
 from collections.abc import Awaitable, Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
@@ -36,6 +36,18 @@ class Endpoint(Generic[P, T]):
     def __init__(self, build: Callable[P, Call], parse: Callable[[Any], T]) -> None:
         self.build, self.parse = build, parse
         self.__doc__ = build.__doc__
+        self.name = build.__name__
+        # help() and IDEs show the builder's parameters, without its ``-> Call``.
+        self.signature = inspect.signature(build).replace(return_annotation=inspect.Signature.empty)
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def _describe(self, method: Callable[..., Any]) -> Any:
+        method.__name__ = method.__qualname__ = self.name
+        method.__doc__ = self.__doc__
+        method.__signature__ = self.signature  # type: ignore[attr-defined]
+        return method
 
     @overload
     def __get__(self, instance: None, owner: type) -> Endpoint[P, T]: ...
@@ -56,12 +68,12 @@ class Endpoint(Generic[P, T]):
             async def call_async(*args: P.args, **kwargs: P.kwargs) -> T:
                 return self.parse(await async_sender.json(self.build(*args, **kwargs)))
 
-            return functools.wraps(self.build)(call_async)
+            return self._describe(call_async)
 
         def call(*args: P.args, **kwargs: P.kwargs) -> T:
             return self.parse(sender.json(self.build(*args, **kwargs)))
 
-        return functools.wraps(self.build)(call)
+        return self._describe(call)
 
 
 def _each(parse: Callable[[Any], T]) -> Callable[[Any], list[T]]:

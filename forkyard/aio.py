@@ -121,7 +121,7 @@ class AsyncSandbox(SandboxFields):
         return ExecResult.from_api(await self._sender.json(calls.run(self.id, cmd, options)))
 
     def exec_stream(self, cmd: str | list[str], **options: Unpack[ExecOptions]) -> AsyncExecStream:
-        return AsyncExecStream(self._sender, calls.run(self.id, cmd, options, stream=True))
+        return AsyncExecStream(self._sender, calls.run(self.id, cmd, options, stream=True), options.get("output", "text"))
 
     async def pause(self) -> AsyncSandbox:
         self._apply(await self._sender.json(calls.sandbox_action(self.id, "pause")))
@@ -150,8 +150,8 @@ class AsyncSandbox(SandboxFields):
 class AsyncExecStream:
     """A streamed command: ``async for`` its ``ExecChunk``s as they come; then ``result``."""
 
-    def __init__(self, sender: AsyncSender, call: Call) -> None:
-        self._sender, self._call = sender, call
+    def __init__(self, sender: AsyncSender, call: Call, encoding: str = "text") -> None:
+        self._sender, self._call, self._encoding = sender, call, encoding
         self._events: AsyncGenerator[ExecChunk, None] | None = None
         self.result: ExecResult | None = None
 
@@ -163,7 +163,7 @@ class AsyncExecStream:
     async def _read(self) -> AsyncGenerator[ExecChunk, None]:
         async with self._sender.stream(self._call) as response:
             async for line in response.aiter_lines():
-                event = calls.stream_event(line)
+                event = calls.stream_event(line, self._encoding)
                 if isinstance(event, ExecResult):
                     self.result = event
                 elif event is not None:

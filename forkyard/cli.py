@@ -15,18 +15,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
 
-from . import _terminal as out
-from ._calls import ExecOptions, SandboxOptions
+from ._commands import (
+    Handler,
+    create,
+    exec_command,
+    files,
+    get,
+    keys,
+    kill,
+    launch,
+    launches,
+    list_sandboxes,
+    templates,
+    usage,
+    whoami,
+)
 from ._version import __version__
-from .client import Client, Launch, Sandbox
+from .client import Client
 from .errors import ForkyardError
-
-Handler = Callable[[Client, argparse.Namespace], int]
-TIMED_OUT_EXIT = 124  # what timeout(1) exits with
 
 
 def _pair(text: str) -> tuple[str, str]:
@@ -48,261 +57,6 @@ def _octal(text: str) -> int:
         return int(text, 8)
     except ValueError as error:
         raise argparse.ArgumentTypeError(f"expected an octal mode such as 644, got {text!r}") from error
-
-
-def _json_mode(args: argparse.Namespace) -> bool:
-    return bool(getattr(args, "json", False))
-
-
-# --- sandboxes -------------------------------------------------------------------------
-
-
-def _sandbox_row(sandbox: Sandbox) -> list[Any]:
-    return [sandbox.id, sandbox.state, sandbox.host or "-", sandbox.size or f"{sandbox.cpu:g}cpu/{sandbox.memory_mib}MiB",
-            sandbox.template, out.when(sandbox.created_at), out.labels_text(sandbox.labels)]
-
-
-SANDBOX_HEADERS = ["ID", "STATE", "HOST", "SIZE", "TEMPLATE", "CREATED", "LABELS"]
-
-
-def _show_sandboxes(args: argparse.Namespace, sandboxes: list[Sandbox]) -> None:
-    if _json_mode(args):
-        out.print_json(sandboxes)
-    else:
-        out.table((_sandbox_row(sandbox) for sandbox in sandboxes), SANDBOX_HEADERS)
-
-
-def _create_options(args: argparse.Namespace) -> SandboxOptions:
-    options: SandboxOptions = {"ttl_s": args.ttl, "labels": dict(args.label), "env": dict(args.env)}
-    if args.snapshot:
-        options["snapshot"] = args.snapshot
-    else:
-        options["template"] = args.template
-    if args.cpu is not None or args.memory_mib is not None:
-        options.update({"cpu": args.cpu, "memory_mib": args.memory_mib})
-    else:
-        options["size"] = args.size
-    if args.network_policy:
-        options["network_policy"] = args.network_policy
-    if args.idempotency_key:
-        options["idempotency_key"] = args.idempotency_key
-    return options
-
-
-def create(fy: Client, args: argparse.Namespace) -> int:
-    options = _create_options(args)
-    options["wait"] = not args.no_wait
-    sandbox = fy.sandboxes.create(**options)
-    if args.quiet:
-        print(sandbox.id)
-    else:
-        _show_sandboxes(args, [sandbox])
-    return 0
-
-
-def list_sandboxes(fy: Client, args: argparse.Namespace) -> int:
-    if args.all:
-        sandboxes = list(fy.sandboxes.list_all(state=args.state, label=args.label))
-    else:
-        page = fy.sandboxes.list(state=args.state, label=args.label, limit=args.limit)
-        sandboxes = page.items
-        if page.next_cursor and not _json_mode(args):
-            print(f"(more: --limit or --all; next cursor {page.next_cursor})", file=sys.stderr)
-    _show_sandboxes(args, sandboxes)
-    return 0
-
-
-def get(fy: Client, args: argparse.Namespace) -> int:
-    sandbox = fy.sandboxes.get(args.sandbox)
-    if _json_mode(args):
-        out.print_json(sandbox)
-        return 0
-    for name, value in sandbox.data.items():
-        print(f"{name + ':':16}{'-' if value is None else value}")
-    return 0
-
-
-def kill(fy: Client, args: argparse.Namespace) -> int:
-    sandboxes = [fy.sandboxes.kill(sandbox_id, wait=not args.no_wait) for sandbox_id in args.sandboxes]
-    _show_sandboxes(args, sandboxes)
-    return 0
-
-
-def _exit_code(exit_code: int, signal: int | None, timed_out: bool) -> int:
-    if timed_out:
-        return TIMED_OUT_EXIT
-    if signal:
-        return 128 + signal
-    return exit_code if 0 <= exit_code <= 255 else 1
-
-
-def exec_command(fy: Client, args: argparse.Namespace) -> int:
-    words = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not words:
-        raise ForkyardError("invalid_request", "give a command to run: forkyard exec SANDBOX -- COMMAND [ARG...]", field="command")
-    command: str | list[str] = words[0] if len(words) == 1 else list(words)
-    options: ExecOptions = {"env": dict(args.env), "timeout_s": args.timeout}
-    if args.cwd:
-        options["cwd"] = args.cwd
-    if args.stdin:
-        options["stdin"] = sys.stdin.buffer.read()
-    sandbox = fy.sandboxes.ref(args.sandbox)
-    if args.stream and not _json_mode(args):
-        stream = sandbox.exec_stream(command, **options)
-        for chunk in stream:
-            target = sys.stdout if chunk.stream == "stdout" else sys.stderr
-            target.buffer.write(chunk.bytes)
-            target.flush()
-        result = stream.result
-        if result is None:
-            raise ForkyardError("incomplete_stream", "the output stream ended before the command's exit status")
-    else:
-        result = sandbox.exec(command, **options)
-        if _json_mode(args):
-            out.print_json(result)
-        else:
-            sys.stdout.buffer.write(result.stdout_bytes)
-            sys.stdout.flush()
-            sys.stderr.buffer.write(result.stderr_bytes)
-    if result.timed_out and not _json_mode(args):
-        print(f"error [timed_out]: the command ran past {args.timeout:g}s and was killed", file=sys.stderr)
-    return _exit_code(result.exit_code, result.signal, result.timed_out)
-
-
-# --- launches --------------------------------------------------------------------------
-
-
-def _launch_summary(launch: Launch) -> str:
-    progress = launch.progress
-    return (f"launch {launch.id} {launch.state}: {progress.running} running, {progress.failed} failed, {progress.pending} pending"
-            f" of {progress.requested} in {launch.elapsed_s:.2f}s ({launch.rate_per_s:.1f}/s)")
-
-
-def _show_launches(args: argparse.Namespace, launches: list[Launch]) -> None:
-    if _json_mode(args):
-        out.print_json(launches)
-        return
-    rows = ([launch.id, launch.state, launch.template, launch.progress.requested, launch.progress.running, launch.progress.failed,
-             f"{launch.rate_per_s:.1f}/s", out.when(launch.created_at)] for launch in launches)
-    out.table(rows, ["ID", "STATE", "TEMPLATE", "COUNT", "RUNNING", "FAILED", "RATE", "CREATED"])
-
-
-def launch(fy: Client, args: argparse.Namespace) -> int:
-    options = _create_options(args)
-    created = fy.launches.create(count=args.count, **options)
-    if args.wait:
-        bar = out.ProgressBar(sys.stderr, enabled=args.progress if args.progress is not None else sys.stderr.isatty())
-        try:
-            created.wait(timeout_s=args.timeout, on_progress=bar.draw)
-        finally:
-            bar.finish()
-    if _json_mode(args):
-        out.print_json(created)
-    else:
-        print(_launch_summary(created))
-    return 1 if args.wait and created.progress.failed else 0
-
-
-def launches(fy: Client, args: argparse.Namespace) -> int:
-    if args.action == "list":
-        _show_launches(args, fy.launches.list(limit=args.limit))
-    elif args.action == "get":
-        found = fy.launches.get(args.launch)
-        if _json_mode(args):
-            out.print_json(found)
-        else:
-            print(_launch_summary(found))
-    else:
-        _show_launches(args, [fy.launches.kill(args.launch)])
-    return 0
-
-
-# --- account, templates, usage, files ----------------------------------------------------
-
-
-def keys(fy: Client, args: argparse.Namespace) -> int:
-    if args.action == "create":
-        created = fy.keys.create(args.name, role=args.role)
-        if _json_mode(args):
-            out.print_json(created)
-        else:
-            print(f"key {created.key.id} ({created.key.name}, {created.key.role})")
-            print(f"secret: {created.secret}")
-            print("the secret is shown this once: store it now", file=sys.stderr)
-        return 0
-    found = [fy.keys.revoke(args.key)] if args.action == "revoke" else fy.keys.list()
-    if _json_mode(args):
-        out.print_json(found)
-    else:
-        out.table(([key.id, key.name, key.prefix, key.role, out.when(key.created_at), out.when(key.last_used_at),
-                    out.when(key.revoked_at)] for key in found), ["ID", "NAME", "PREFIX", "ROLE", "CREATED", "LAST USED", "REVOKED"])
-    return 0
-
-
-def templates(fy: Client, args: argparse.Namespace) -> int:
-    found = [fy.templates.get(args.name)] if args.name else fy.templates.list()
-    if _json_mode(args):
-        out.print_json(found)
-    else:
-        out.table(([template.name, out.size_of(template.size_bytes), ",".join(template.hosts) or "-", template.description]
-                   for template in found), ["NAME", "SIZE", "HOSTS", "DESCRIPTION"])
-    return 0
-
-
-def usage(fy: Client, args: argparse.Namespace) -> int:
-    report = fy.usage(start=args.start, end=args.end, group_by=args.group_by)
-    if _json_mode(args):
-        out.print_json(report)
-        return 0
-    print(f"usage from {out.when(report.start)} to {out.when(report.end)}, by {report.group_by}")
-    rows = [[line.group, f"{line.seconds:.1f}", line.periods, f"{line.amount} {report.currency}"] for line in report.lines]
-    rows.append(["total", "", "", f"{report.total} {report.currency}"])
-    out.table(rows, ["GROUP", "SECONDS", "PERIODS", "AMOUNT"])
-    return 0
-
-
-def whoami(fy: Client, args: argparse.Namespace) -> int:
-    me = fy.me()
-    if _json_mode(args):
-        out.print_json(me)
-        return 0
-    print(f"team {me.team_name} ({me.team}), key {me.key_name} ({me.key}), role {me.role}, at {fy.url}")
-    limits = me.limits
-    print(f"limits: {limits.requests_per_second} requests/s, {limits.max_sandboxes} sandboxes, "
-          f"{limits.max_launch_count} per launch, ttl up to {limits.max_ttl_s}s")
-    return 0
-
-
-def files(fy: Client, args: argparse.Namespace) -> int:
-    sandbox_files = fy.sandboxes.ref(args.sandbox).files
-    if args.action == "read":
-        data = sandbox_files.read(args.path)
-        if args.output and args.output != "-":
-            with open(args.output, "wb") as target:
-                target.write(data)
-        else:
-            sys.stdout.buffer.write(data)
-            sys.stdout.flush()
-    elif args.action == "write":
-        if args.source == "-":
-            written = sandbox_files.write(args.path, sys.stdin.buffer, mode=args.mode)
-        else:
-            with open(args.source, "rb") as source:
-                written = sandbox_files.write(args.path, source, mode=args.mode)
-        if _json_mode(args):
-            out.print_json(written)
-        else:
-            print(f"wrote {written.bytes} bytes to {written.path}")
-    elif args.action == "rm":
-        sandbox_files.remove(args.path, recursive=args.recursive)
-    else:
-        listing = sandbox_files.list(args.path)
-        if _json_mode(args):
-            out.print_json(listing)
-        else:
-            out.table(([f"{entry.mode:o}", entry.type, entry.size, entry.name + (f" -> {entry.link_target}" if entry.link_target else "")]
-                       for entry in listing), ["MODE", "TYPE", "SIZE", "NAME"])
-    return 0
 
 
 # --- the parser ------------------------------------------------------------------------
@@ -358,6 +112,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--timeout", type=float, default=60.0, help="seconds before it is killed (exit 124)")
     sub.add_argument("--stdin", action="store_true", help="pass this command's standard input on")
     sub.add_argument("--stream", action="store_true", help="print the output as it comes")
+    sub.add_argument("--max-output", type=int, default=16 << 20, metavar="BYTES",
+                     help="keep at most this much of stdout and of stderr (default: 16 MiB; the server allows 64 MiB)")
     sub.add_argument("sandbox")
     sub.add_argument("command", nargs=argparse.REMAINDER, help="one word runs under /bin/sh -c; several are argv")
 

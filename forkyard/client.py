@@ -137,7 +137,7 @@ class Sandbox(SandboxFields):
     def exec_stream(self, cmd: str | list[str], **options: Unpack[ExecOptions]) -> ExecStream:
         """Run a command and yield its output as it comes (``ExecChunk``s); the stream's
         ``result`` holds the exit code once the iteration is over."""
-        return ExecStream(self._sender, calls.run(self.id, cmd, options, stream=True))
+        return ExecStream(self._sender, calls.run(self.id, cmd, options, stream=True), options.get("output", "text"))
 
     def pause(self) -> Sandbox:
         """Freeze every process in it (billed at the paused rate)."""
@@ -175,8 +175,8 @@ class ExecStream:
     (or ``close()``) early hangs up.
     """
 
-    def __init__(self, sender: Sender, call: Call) -> None:
-        self._sender, self._call = sender, call
+    def __init__(self, sender: Sender, call: Call, encoding: str = "text") -> None:
+        self._sender, self._call, self._encoding = sender, call, encoding
         self._events: Generator[ExecChunk, None, None] | None = None
         self.result: ExecResult | None = None
 
@@ -188,7 +188,7 @@ class ExecStream:
     def _read(self) -> Generator[ExecChunk, None, None]:
         with self._sender.stream(self._call) as response:
             for line in response.iter_lines():
-                event = calls.stream_event(line)
+                event = calls.stream_event(line, self._encoding)
                 if isinstance(event, ExecResult):
                     self.result = event
                 elif event is not None:

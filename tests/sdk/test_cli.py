@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.sdk.conftest import Run
+from tests.sdk.conftest import CLI, Run
 from tests.support.stack import Stack
 
 pytestmark = pytest.mark.root
@@ -20,7 +20,7 @@ def no_traceback(completed: subprocess.CompletedProcess[str]) -> None:
     assert "Traceback" not in completed.stderr and "Traceback" not in completed.stdout, completed.stderr
 
 
-def test_sandbox_commands(cli: Run) -> None:
+def test_sandbox_commands(cli: Run, stack: Stack) -> None:
     created = cli("create", "--size", "tiny", "--ttl", "120", "--label", "via=cli", "-q")
     assert created.returncode == 0, created.stderr
     sandbox = created.stdout.strip()
@@ -37,6 +37,10 @@ def test_sandbox_commands(cli: Run) -> None:
 
         timed_out = cli("exec", "--timeout", "0.5", sandbox, "sleep 5")
         assert timed_out.returncode == 124 and "error [timed_out]" in timed_out.stderr
+
+        binary = subprocess.run([str(CLI), "exec", sandbox, "printf '\\377\\000\\376'; cat /bin/busybox"], capture_output=True,
+                                env={**os.environ, "FORKYARD_URL": stack.url, "FORKYARD_API_KEY": stack.teams[0].key}, timeout=60)
+        assert binary.returncode == 0 and binary.stdout[:3] == b"\xff\x00\xfe" and len(binary.stdout) > (1 << 20)  # byte for byte
 
         as_json = json.loads(cli("--json", "exec", sandbox, "echo hi").stdout)
         assert as_json["stdout"] == "hi\n" and as_json["exit_code"] == 0

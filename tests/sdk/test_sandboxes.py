@@ -58,6 +58,13 @@ def test_exec_stream_yields_output_as_it_comes(sb: Sandbox) -> None:
     assert stream.result is not None and stream.result.exit_code == 5 and not stream.result.timed_out
 
 
+def test_exec_stream_of_exact_bytes(sb: Sandbox) -> None:
+    stream = sb.exec_stream("head -c 300000 /bin/busybox", output="base64")
+    streamed = b"".join(chunk.bytes for chunk in stream)
+    assert streamed == sb.files.read("/bin/busybox")[:300000]
+    assert stream.result is not None and stream.result.encoding == "base64"
+
+
 def test_exec_stream_can_be_left_early(sb: Sandbox) -> None:
     with sb.exec_stream("for i in $(seq 1 50); do echo $i; sleep 0.05; done") as stream:
         first = next(iter(stream))
