@@ -50,9 +50,14 @@ class Stats:
 
 
 def _write(path: Path, value: str) -> None:
+    # One open, one write: a text-mode open() would also stat, seek and ask
+    # whether a cgroup file is a terminal, several times per create.
     try:
-        with open(path, "w") as handle:
-            handle.write(value)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)  # as open(path, "w")
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
     except OSError as error:
         raise CgroupError(f"cannot write {value!r} to {path}: {error.strerror}", path=str(path), step="write") from error
 
@@ -146,7 +151,8 @@ class Cgroups(ABC):
 
     def create(self, name: str, limits: Limits) -> list[str]:
         """Make the cgroup and its limits; return the files a pid is written to."""
-        for directory in self.directories(name):
+        directories = self.directories(name)
+        for directory in directories:
             try:
                 directory.mkdir()
             except FileExistsError:
@@ -156,7 +162,7 @@ class Cgroups(ABC):
                     f"cannot create cgroup {directory}: {error.strerror}", path=str(directory), step="mkdir"
                 ) from error
         self.apply_limits(name, limits)
-        return [str(directory / "cgroup.procs") for directory in self.directories(name)]
+        return [f"{directory}/cgroup.procs" for directory in directories]
 
     def exists(self, name: str) -> bool:
         return any(directory.is_dir() for directory in self.directories(name))

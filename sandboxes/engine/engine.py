@@ -435,8 +435,11 @@ class Engine:
     async def create_record(self, args: dict[str, Any], pool: str = "", request: CreateRequest | None = None) -> SandboxRecord:
         """Create a sandbox from nothing (the cold path); pools call this too."""
         request = request or self.parse_create(args)
-        live = sum(1 for record in self.sandboxes.values() if record.state in LIVE_STATES)
-        if live >= self.config.max_sandboxes:
+        # Counting live records walks all of them: only worth it near the limit
+        # (every live sandbox is in self.sandboxes), not on every create.
+        if len(self.sandboxes) >= self.config.max_sandboxes and (
+            sum(1 for record in self.sandboxes.values() if record.state in LIVE_STATES) >= self.config.max_sandboxes
+        ):
             if request.key:
                 self.store.release_key(request.key, request.sandbox_id)
             raise NoCapacity(f"this host runs its maximum of {self.config.max_sandboxes} sandboxes", retry_after_s=5)

@@ -56,3 +56,13 @@ def test_unreadable_database_is_moved_aside(tmp_path: Path):
     assert list(store.sandboxes()) == []
     assert store.quarantined()[0]["kind"] == "database"
     assert list(tmp_path.glob("engine.sqlite3.corrupt-*"))
+
+
+def test_a_record_is_written_exactly_as_asdict_would_write_it():
+    import json
+    from dataclasses import asdict
+
+    record = _record("sb-json")
+    record.env, record.labels, record.cgroup_dirs = {"PATH": "/bin", "é": "ü"}, {"team": "a"}, ["/sys/fs/cgroup/x"]
+    assert record.to_json() == json.dumps(asdict(record), separators=(",", ":"))
+    assert SandboxRecord.from_json(record.to_json()) == record
