@@ -134,6 +134,7 @@ class Engine:
         for shared in ("root", "scratch"):
             (config.mount_dir / shared).mkdir(exist_ok=True)
         rootfs.prepare_dev(str(config.state_dir / "dev"))
+        rootfs.prepare_empty(str(config.mount_dir / "empty"))
         if config.init_binary == BUILD_DIR / "forkyard-init":
             build_init()  # a no-op unless init.c changed
         elif not config.init_binary.exists():
@@ -509,6 +510,7 @@ class Engine:
                     "root_dir": str(self.config.mount_dir / "root"),
                     "disk_bytes": record.disk_bytes,
                     "dev_dir": str(self.config.state_dir / "dev"),
+                    "empty_dir": str(self.config.mount_dir / "empty"),
                 },
             }
             record.pid, record.start_time = await self.spawner.spawn(spec)

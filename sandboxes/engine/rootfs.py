@@ -22,7 +22,8 @@ be read and tested without root:
    owned by host root, so the sandbox cannot change it), with devpts, shm and
    mqueue mounted on it.
 6. Mask the ``/proc`` entries that reveal or reach the host kernel; make
-   ``/proc/sys`` and friends read-only; hide firmware and driver trees.
+   ``/proc/sys`` and friends read-only; hide firmware and driver trees under
+   an empty read-only directory.
 7. ``/tmp`` (1777) and ``/root`` (0700) exist; ``pivot_root`` into the new
    root and detach the host's tree.
 """
@@ -57,7 +58,7 @@ DEVICE_DIRECTORIES = ("pts", "shm", "mqueue")
 # slabinfo and the like are readable only by host root, whom a sandbox can
 # never be; masking them too would cost a mount each for nothing.)
 MASKED_PROC_FILES = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats")
-# Directories hidden behind an empty read-only tmpfs: (the mount they are on, name).
+# Directories hidden behind an empty read-only directory: (the mount they are on, name).
 MASKED_DIRECTORIES = (("proc", "acpi"), ("proc", "scsi"), ("proc", "asound"), ("proc", "driver"), ("sys", "firmware"))
 READ_ONLY_PROC = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 # Flags the kernel locks on mounts made in a user namespace: a read-only
@@ -72,6 +73,7 @@ class RootfsSpec(NamedTuple):
     root_dir: str  # likewise
     disk_bytes: int
     dev_dir: str  # prepared by prepare_dev()
+    empty_dir: str  # prepared by prepare_empty()
     shm_bytes: int = 64 * 1024 * 1024
 
 
@@ -79,8 +81,9 @@ class Step(NamedTuple):
     """One step of the plan, as native/confine.c runs it.
 
     ``op`` is one of: ``mount`` (``source``, ``fstype`` (empty for a bind),
-    ``flags``, ``data``), ``bind-read-only`` (bind the target onto itself, then
-    remount it with ``flags``), ``mkdir``, ``keep-layer`` (init's fd 5),
+    ``flags``, ``data``), ``bind-read-only`` (bind ``source``, a host path, or
+    else the target itself, onto the target, then remount it with ``flags``),
+    ``mkdir``, ``keep-layer`` (init's fd 5),
     ``chdir``, ``enter-root`` (relative targets live under it from then on),
     ``pivot``.
 
@@ -132,6 +135,21 @@ def prepare_dev(directory: str, host_dev: str = "/dev") -> None:
             shutil.rmtree(os.path.join(os.path.dirname(directory), entry), ignore_errors=True)
 
 
+def prepare_empty(directory: str) -> None:
+    """Make the empty directory bound (read-only) over what a sandbox must not see.
+
+    A bind of one host directory costs no superblock, where an empty tmpfs
+    per mask cost one each: every superblock registers a shrinker, and every
+    memory cgroup (one per sandbox) allocates a slot for every shrinker on
+    the host, so superblocks per sandbox cost memory in proportion to the
+    number of sandboxes.  Owned by host root, whom no sandbox maps.
+    """
+    os.makedirs(directory, 0o555, exist_ok=True)
+    os.chmod(directory, 0o555)
+    if os.listdir(directory):
+        raise OSError(f"{directory} must be empty: it is bound over hidden directories in every sandbox")
+
+
 def overlay_options(spec: RootfsSpec, upper: str, work: str) -> str:
     # Lower layers are named relative to layers_dir (we chdir there first):
     # the options must fit in one page, and short names fit more layers.
@@ -175,7 +193,7 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
             for name in READ_ONLY_PROC
         ),
         *(
-            Step("mount", name, within, "tmpfs", "tmpfs", MS_RDONLY | LOCKED, "size=0,mode=0555", missing="skip")
+            Step("bind-read-only", name, within, spec.empty_dir, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | LOCKED, missing="skip")
             for within, name in MASKED_DIRECTORIES
         ),
         Step("mkdir", "tmp", mode=0o1777),

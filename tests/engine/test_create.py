@@ -184,3 +184,12 @@ def test_a_killed_zygote_is_replaced_and_running_sandboxes_carry_on(engine, engi
     while engine.get(sandbox)["state"] != "stopped" and time.monotonic() < deadline:
         time.sleep(0.02)
     assert engine.get(sandbox)["state"] == "stopped"
+
+
+def test_hidden_directories_are_empty_and_read_only(engine, sandbox):
+    hidden = [path for path in ("/proc/acpi", "/proc/driver", "/sys/firmware") if os.path.isdir(path)]
+    assert any(os.listdir(path) for path in hidden), "the control: nothing to hide on this host"
+    for path in hidden:
+        result = engine.exec(sandbox, f"ls -A {path}; touch {path}/x 2>&1; mkdir {path}/y 2>&1")
+        assert result.stdout.decode().count("Read-only file system") == 2, (path, result)
+        assert result.stdout.decode().splitlines()[0].startswith("touch:"), f"{path} is not empty inside"

@@ -126,17 +126,32 @@ static const char *shown(const struct step *step) {
 }
 
 /* The mount a relative target lives on: the new root, or a mount an earlier
- * step made on it.  Opened afresh, and allowed to cross mounts: a handle
- * taken before that mount would still name the directory underneath it. */
+ * step made on it.  Opened after that mount, and allowed to cross mounts: a
+ * handle taken before it would still name the directory underneath.  Kept
+ * for the steps that follow on the same mount (a dozen under /proc), until a
+ * step mounts over it again (forget_within). */
+static struct {
+    const char *within;
+    int fd;
+} held_within = {NULL, -1};
+
 static int open_within(const struct step *step) {
     if (!step->within[0]) return root_fd;
+    if (held_within.fd >= 0 && strcmp(held_within.within, step->within) == 0) return held_within.fd;
     int fd = open_beneath(root_fd, step->within, O_PATH | O_DIRECTORY, BENEATH);
     if (fd < 0) fail("build root filesystem: open mount", shown(step), errno);
+    if (held_within.fd >= 0) close(held_within.fd);
+    held_within.within = step->within;
+    held_within.fd = fd;
     return fd;
 }
 
-static void close_within(int fd) {
-    if (fd != root_fd) close(fd);
+/* A mount on a target of the new root itself (say /dev) leaves a held
+ * handle on that target naming the directory underneath. */
+static void forget_within(const struct step *step) {
+    if (step->within[0] || held_within.fd < 0) return;
+    close(held_within.fd);
+    held_within.fd = -1;
 }
 
 static void create_directory(int base, const struct step *step) {
@@ -171,7 +186,6 @@ static int open_target(const struct step *step) {
         fd = open_beneath(base, step->target, flags, BENEATH | RESOLVE_NO_XDEV);
     }
     int error = errno;
-    close_within(base);
     if (fd < 0 && error == ENOENT && step->missing == MISSING_SKIP) return -1;
     if (fd < 0) fail("build root filesystem: open mount target (a symlink, or not a directory?)", shown(step), error);
     return fd;
@@ -188,7 +202,7 @@ static void mount_step(const struct step *step, const char *target) {
 /* An O_PATH handle on a host directory, in place of the one held before. */
 static void hold_directory(int *held, const char *path, const char *step_name) {
     if (*held >= 0) close(*held);
-    *held = open(path, O_PATH | O_DIRECTORY | O_CLOEXEC);
+    *held = openat(AT_FDCWD, path, O_PATH | O_DIRECTORY | O_CLOEXEC); /* not open(): see zygote.c */
     if (*held < 0) fail(step_name, path, errno);
 }
 
@@ -208,20 +222,21 @@ static void run_step(const struct step *step) {
         fd_path(path, sizeof path, fd);
         mount_step(step, path);
         close(fd);
+        forget_within(step);
         return;
     case OP_BIND_READ_ONLY: {
         if ((fd = open_target(step)) < 0) return;
         fd_path(path, sizeof path, fd);
-        if (mount(path, path, NULL, MS_BIND | MS_REC, NULL) < 0)
+        /* A host directory (an empty one, as a mask), or the target itself. */
+        const char *source = step->source ? step->source : path;
+        if (mount(source, path, NULL, step->source ? MS_BIND : MS_BIND | MS_REC, NULL) < 0)
             fail("build root filesystem: bind for read-only", shown(step), errno);
         close(fd);
+        forget_within(step);
         /* The handle names the directory under the new bind; a remount must
          * name the bind itself (its root), so walk to the target again. */
-        int base = open_within(step);
-        fd = open_beneath(base, step->target, O_PATH | O_NOFOLLOW, BENEATH);
-        int error = errno;
-        close_within(base);
-        if (fd < 0) fail("build root filesystem: reopen for read-only", shown(step), error);
+        fd = open_beneath(open_within(step), step->target, O_PATH | O_NOFOLLOW, BENEATH);
+        if (fd < 0) fail("build root filesystem: reopen for read-only", shown(step), errno);
         fd_path(path, sizeof path, fd);
         /* step->flags repeats nosuid, nodev, noexec: the kernel locks them on
          * mounts made in a user namespace and refuses a remount that drops them. */
@@ -245,6 +260,8 @@ static void run_step(const struct step *step) {
         return;
     case OP_ENTER_ROOT:
         hold_directory(&root_fd, step->target, "build root filesystem: open new root");
+        if (held_within.fd >= 0) close(held_within.fd);
+        held_within.fd = -1;
         return;
     case OP_PIVOT:
         /* pivot_root(".", ".") stacks the old root on top of the new one at
@@ -257,6 +274,8 @@ static void run_step(const struct step *step) {
         if (chdir("/") < 0) fail("build root filesystem: enter new root", "/", errno);
         close(root_fd);
         root_fd = -1;
+        if (held_within.fd >= 0) close(held_within.fd);
+        held_within.fd = -1;
         return;
     }
 }
@@ -330,7 +349,7 @@ static void arrange_descriptors(const struct spawn_request *request) {
         if (dup2(sources[index], FD_LISTEN + index) < 0) fail("arrange file descriptors", "", errno);
     }
     report_fd = FD_READY;
-    int null = open("/dev/null", O_RDWR | O_CLOEXEC);
+    int null = openat(AT_FDCWD, "/dev/null", O_RDWR | O_CLOEXEC);
     if (null < 0) fail("arrange file descriptors: open", "/dev/null", errno);
     for (int stdio = 0; stdio < 3; stdio++) {
         if (dup2(null, stdio) < 0) fail("arrange file descriptors", "/dev/null", errno);

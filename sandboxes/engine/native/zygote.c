@@ -245,6 +245,7 @@ static const char *parse_step(struct cursor *cursor, struct step *step, int *see
         return NULL;
     case OP_BIND_READ_ONLY:
         if (!relative) return "step target";
+        if (source[0] && source[0] != '/') return "step source"; /* a host path, if any */
         break;
     case OP_MOUNT:
     case OP_MKDIR:
@@ -294,7 +295,9 @@ static const char *parse_spawn(struct cursor *cursor) {
 }
 
 static int write_all(const char *path, const char *text) {
-    int fd = open(path, O_WRONLY | O_CLOEXEC);
+    /* openat, not open: musl's open follows O_CLOEXEC with an fcntl for
+     * kernels older than 2.6.23, a system call per file for nothing. */
+    int fd = openat(AT_FDCWD, path, O_WRONLY | O_CLOEXEC);
     if (fd < 0) return -1;
     size_t length = strlen(text);
     ssize_t written;

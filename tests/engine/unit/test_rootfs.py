@@ -18,6 +18,7 @@ SPEC = rootfs.RootfsSpec(
     root_dir="/state/mnt/root",
     disk_bytes=1 << 20,
     dev_dir="/state/dev",
+    empty_dir="/state/mnt/empty",
 )
 
 
@@ -47,11 +48,11 @@ def test_steps_run_in_the_documented_order():
         ("mount", "/dev/mqueue", "mqueue"),
         *[("mount", f"/proc/{name}", "/dev/null") for name in rootfs.MASKED_PROC_FILES],
         *[("bind-read-only", f"/proc/{name}", "") for name in rootfs.READ_ONLY_PROC],
-        ("mount", "/proc/acpi", "tmpfs"),
-        ("mount", "/proc/scsi", "tmpfs"),
-        ("mount", "/proc/asound", "tmpfs"),
-        ("mount", "/proc/driver", "tmpfs"),
-        ("mount", "/sys/firmware", "tmpfs"),
+        ("bind-read-only", "/proc/acpi", "/state/mnt/empty"),
+        ("bind-read-only", "/proc/scsi", "/state/mnt/empty"),
+        ("bind-read-only", "/proc/asound", "/state/mnt/empty"),
+        ("bind-read-only", "/proc/driver", "/state/mnt/empty"),
+        ("bind-read-only", "/sys/firmware", "/state/mnt/empty"),
         ("mkdir", "/tmp", ""),
         ("mkdir", "/root", ""),
         ("pivot", "/", ""),
@@ -95,14 +96,14 @@ def test_proc_is_locked_down_and_sys_read_only():
     assert by_where["/proc"].flags == rootfs.LOCKED
     assert by_where["/sys"].flags == MS_RDONLY | rootfs.LOCKED
     for hidden in ("/proc/acpi", "/sys/firmware"):
-        assert by_where[hidden].flags == MS_RDONLY | rootfs.LOCKED and by_where[hidden].data == "size=0,mode=0555"
+        assert (by_where[hidden].source, by_where[hidden].missing) == ("/state/mnt/empty", "skip")
+        assert by_where[hidden].flags == MS_REMOUNT | MS_BIND | MS_RDONLY | rootfs.LOCKED
 
 
 def test_read_only_remounts_repeat_the_locked_flags():
     remounts = [step for step in rootfs.plan(SPEC) if step.op == "bind-read-only"]
-    assert [step.target for step in remounts] == list(rootfs.READ_ONLY_PROC)
+    assert [step.target for step in remounts if not step.source] == list(rootfs.READ_ONLY_PROC)
     for step in remounts:
-        assert step.within == "proc"
         assert step.flags == MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 

@@ -17,7 +17,7 @@ import pytest
 from sandboxes.engine import rootfs, spawner, zygote
 from sandboxes.engine.native import build_init
 
-SPEC = rootfs.RootfsSpec("/layers", ("base",), "/mnt/scratch", "/mnt/root", 1 << 20, "/dev-dir")
+SPEC = rootfs.RootfsSpec("/layers", ("base",), "/mnt/scratch", "/mnt/root", 1 << 20, "/dev-dir", "/empty")
 
 
 @pytest.fixture(scope="module")
@@ -108,6 +108,7 @@ BAD_SPAWNS = {
     "mode beyond 07777": (spawn_fields(), plan_of(ROOT, rootfs.Step("mkdir", "tmp", mode=0o10000), PIVOT)),
     "absolute within": (spawn_fields(), plan_of(ROOT, rootfs.Step("mount", "proc", within="/proc"), PIVOT)),
     "relative chdir": (spawn_fields(), plan_of(rootfs.Step("chdir", "layers"), ROOT, PIVOT)),
+    "relative bind source": (spawn_fields(), plan_of(ROOT, rootfs.Step("bind-read-only", "acpi", "proc", "empty"), PIVOT)),
     "step after pivot": (spawn_fields(), plan_of(ROOT, PIVOT, rootfs.Step("mkdir", "tmp"))),
     "mount options over a page": (spawn_fields(), plan_of(ROOT, rootfs.Step("mount", "/x", data="o" * 4096), PIVOT)),
     "trailing fields": (spawn_fields(), zygote.encoded_plan(SPEC) + b"extra\0"),
