@@ -35,6 +35,7 @@ kills the child if it is still there and answers the engine with that error.
 
 from __future__ import annotations
 
+import collections
 import errno
 import fcntl
 import itertools
@@ -124,8 +125,10 @@ def kept_capability_mask() -> int:
 class Pending:
     """A sandbox between its request and its init's ready byte.
 
-    Two things must arrive, in either order: the zygote's answer (the pid, or
-    an error) and the ready pipe's outcome ('R', or a report and EOF).
+    Until it is handed over it holds its message and the two descriptors that
+    go with it (the control socket, the ready pipe's write end).  Then two
+    things must arrive, in either order: the zygote's answer (the pid, or an
+    error) and the ready pipe's outcome ('R', or a report and EOF).
     """
 
     __slots__ = (
@@ -133,6 +136,9 @@ class Pending:
         "connection",
         "token",
         "pid",
+        "message",
+        "listener",
+        "ready_write",
         "ready_read",
         "deadline",
         "socket_path",
@@ -143,19 +149,39 @@ class Pending:
     )
 
     def __init__(
-        self, request_id: Any, connection: socket.socket, token: int, ready_read: int, deadline: float, socket_path: str
+        self,
+        request_id: Any,
+        connection: socket.socket,
+        token: int,
+        message: bytes,
+        listener: socket.socket,
+        ready: tuple[int, int],
+        socket_path: str,
     ) -> None:
         self.request_id = request_id
         self.connection = connection
         self.token = token
         self.pid = 0
-        self.ready_read = ready_read
-        self.deadline = deadline
+        self.message: bytes | None = message
+        self.listener: socket.socket | None = listener
+        self.ready_read, self.ready_write = ready
+        self.deadline = time.monotonic() + READY_TIMEOUT_S
         self.socket_path = socket_path
         self.answered = False
         self.ready = False
         self.ready_closed = False
         self.report = bytearray()
+
+    def handed_over(self) -> None:
+        """Only the sandbox keeps the socket and the pipe's write end: the
+        pipe's EOF then means it died."""
+        self.message = None
+        if self.listener is not None:
+            self.listener.close()
+            self.listener = None
+        if self.ready_write >= 0:
+            os.close(self.ready_write)
+            self.ready_write = -1
 
 
 class Spawner:
@@ -178,12 +204,15 @@ class Spawner:
         signal.set_wakeup_fd(signal_write)
         signal.signal(signal.SIGCHLD, lambda *_: None)
         self.selector.register(self.signal_read, selectors.EVENT_READ, ("signal", None))
+        # Requests the zygote's socket had no room for yet, oldest first.
+        self.outbox: collections.deque[Pending] = collections.deque()
         self.zygote: zygote.Zygote | None = None
         self._start_zygote()
 
     def _start_zygote(self) -> None:
         self.zygote = zygote.Zygote.start(self.binary_fd, kept_capability_mask(), self.settings.seccomp_program)
         self.selector.register(self.zygote.socket, selectors.EVENT_READ, ("zygote", None))
+        self._flush_outbox()
 
     # --- serving -------------------------------------------------------
 
@@ -206,14 +235,17 @@ class Spawner:
             timeout = None
             if self.inflight:
                 timeout = max(0.0, min(p.deadline for p in self.inflight.values()) - time.monotonic())
-            for key, _ in self.selector.select(timeout):
+            for key, events in self.selector.select(timeout):
                 kind, payload = key.data
                 if kind == "accept":
                     self._accept()
                 elif kind == "request":
                     self._request(payload)
                 elif kind == "zygote":
-                    self._zygote_replies()
+                    if events & selectors.EVENT_WRITE:
+                        self._flush_outbox()
+                    if events & selectors.EVENT_READ:
+                        self._zygote_replies()
                 elif kind == "signal":
                     self._reap()
                 elif kind == "ready":
@@ -340,21 +372,43 @@ class Spawner:
         except OSError as error:
             listener.close()
             return {"step": "bind control socket", "errno": error.errno, "target": spec.socket_path, "message": str(error)}
-        ready_read, ready_write = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)
-        try:
-            self.zygote.spawn(message, listener.fileno(), ready_write)
-        except OSError as error:
-            os.close(ready_read)
-            os.unlink(spec.socket_path)
-            return {"step": "hand over to the zygote", "errno": error.errno, "target": spec.sandbox_id, "message": str(error)}
-        finally:
-            # Only the sandbox keeps them: the ready pipe's EOF then means it died.
-            listener.close()
-            os.close(ready_write)
-        pending = Pending(request_id, connection, token, ready_read, time.monotonic() + READY_TIMEOUT_S, spec.socket_path)
+        ready_read, ready_write = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(ready_read, False)
+        pending = Pending(request_id, connection, token, message, listener, (ready_read, ready_write), spec.socket_path)
         self.inflight[token] = pending
         self.selector.register(ready_read, selectors.EVENT_READ, ("ready", pending))
+        self.outbox.append(pending)
+        self._flush_outbox()
         return None
+
+    def _flush_outbox(self) -> None:
+        """Hand queued requests to the zygote while its socket has room.
+
+        The zygote takes one at a time; a burst of creates (a launch) can
+        outrun it, and then waits here, in order, rather than failing.
+        """
+        link = self.zygote
+        while self.outbox and link is not None and not link.closed:
+            pending = self.outbox[0]
+            assert pending.message is not None and pending.listener is not None
+            try:
+                link.spawn(pending.message, pending.listener.fileno(), pending.ready_write)
+            except BlockingIOError:
+                break
+            except (BrokenPipeError, ConnectionResetError):
+                link.closed = True  # it died: the request waits for the next zygote (see _zygote_exited)
+                break
+            except OSError as error:
+                failure = {"step": "hand over to the zygote", "errno": error.errno, "target": "", "message": str(error)}
+                self._finish(pending, failure)
+                continue
+            self.outbox.popleft()
+            pending.handed_over()
+        if link is not None and not link.closed:
+            wanted = selectors.EVENT_READ | (selectors.EVENT_WRITE if self.outbox else 0)
+            key = self.selector.get_map().get(link.socket)
+            if key is not None and key.events != wanted:
+                self.selector.modify(link.socket, wanted, ("zygote", None))
 
     def _zygote_replies(self) -> None:
         assert self.zygote is not None
@@ -363,7 +417,8 @@ class Spawner:
                 self._zygote_reply(reply)
         except EOFError:
             # It died; _reap restarts it when it collects its exit status.
-            self.selector.unregister(self.zygote.socket)
+            self.zygote.closed = True
+            self._unwatch_zygote()
         except ValueError as error:
             print(f"spawner: {error}", file=sys.stderr, flush=True)
 
@@ -426,6 +481,9 @@ class Spawner:
 
     def _finish(self, pending: Pending, error: dict[str, Any] | None) -> None:
         self.inflight.pop(pending.token, None)
+        if pending.message is not None:  # never handed over
+            self.outbox.remove(pending)
+            pending.handed_over()
         try:
             self.selector.unregister(pending.ready_read)
         except (KeyError, ValueError):
@@ -497,23 +555,29 @@ class Spawner:
         """
         assert self.zygote is not None
         print(f"spawner: the zygote {self.zygote.pid} exited (status {status})", file=sys.stderr, flush=True)
-        try:
-            self.selector.unregister(self.zygote.socket)
-        except (KeyError, ValueError):
-            pass
+        self._unwatch_zygote()
         self.zygote.close()
         self.zygote = None
-        for pending in [p for p in self.inflight.values() if not p.answered]:
+        # What it was given but did not answer is lost; what is still queued
+        # goes to the next zygote.
+        for pending in [p for p in self.inflight.values() if p.message is None and not p.answered]:
             error = {"step": "hand over to the zygote", "errno": errno.ECHILD, "target": "", "message": "the zygote exited"}
             self._finish(pending, error)
         self.unclaimed.clear()
         if not self.retiring:
             self._start_zygote()
 
+    def _unwatch_zygote(self) -> None:
+        assert self.zygote is not None
+        try:
+            self.selector.unregister(self.zygote.socket)
+        except KeyError:
+            pass  # already
+
     def _stop_zygote(self) -> None:
         if self.zygote is None:
             return
-        self.selector.unregister(self.zygote.socket)
+        self._unwatch_zygote()
         self.zygote.close()  # it exits on EOF
         try:
             os.waitpid(self.zygote.pid, 0)

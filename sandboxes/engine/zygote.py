@@ -94,6 +94,7 @@ class Zygote:
     def __init__(self, pid: int, connection: socket.socket) -> None:
         self.pid = pid
         self.socket = connection
+        self.closed = False  # it went away (EOF, or a broken pipe): talk to the next one
 
     @classmethod
     def start(cls, binary_fd: int, kept_capabilities: int, seccomp_program: str) -> Zygote:
@@ -164,6 +165,7 @@ class Zygote:
 
     def close(self) -> None:
         """The zygote exits when it sees its socket close."""
+        self.closed = True
         self.socket.close()
 
 

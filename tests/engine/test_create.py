@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import errno
 import io
+import json
 import os
 import shutil
 import signal
+import socket
 import tarfile
 import time
 from collections.abc import Iterator
@@ -193,3 +195,82 @@ def test_hidden_directories_are_empty_and_read_only(engine, sandbox):
         result = engine.exec(sandbox, f"ls -A {path}; touch {path}/x 2>&1; mkdir {path}/y 2>&1")
         assert result.stdout.decode().count("Read-only file system") == 2, (path, result)
         assert result.stdout.decode().splitlines()[0].startswith("touch:"), f"{path} is not empty inside"
+
+
+def _spawn_directly(engine_process, count: int, prefix: str) -> socket.socket:
+    """Pipeline ``count`` spawn requests straight to the spawner, as an engine
+    with that many creates in flight would."""
+    config = engine_process.config
+    with engine_process.client() as client:
+        layers = client.call("templates.get", name="base")["layers"]
+    connection = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    connection.connect(str(config.spawner_socket_path))
+    for index in range(count):
+        spec = {
+            "sandbox_id": f"{prefix}-{index}",
+            "uid_base": config.uid_base,
+            "uid_count": config.uid_count,
+            "cgroup_procs": [],
+            "socket_path": str(config.sandbox_socket_dir / f"{prefix}-{index}.sock"),
+            "rootfs": {
+                "layers_dir": str(config.layers_dir),
+                "lower": [layer_directory_name(layer) for layer in layers],
+                "scratch_dir": str(config.mount_dir / "scratch"),
+                "root_dir": str(config.mount_dir / "root"),
+                "disk_bytes": 1 << 24,
+                "dev_dir": str(config.state_dir / "dev"),
+                "empty_dir": str(config.mount_dir / "empty"),
+            },
+        }
+        connection.send(json.dumps({"op": "spawn", "request_id": index, "spec": spec}).encode())
+    return connection
+
+
+def _answers(connection: socket.socket, count: int) -> tuple[list[int], list[dict]]:
+    connection.settimeout(30)
+    pids, failures = [], []
+    while len(pids) + len(failures) < count:
+        message = json.loads(connection.recv(1 << 20))
+        if "event" in message:
+            continue
+        if message["ok"]:
+            pids.append(message["pid"])
+        else:
+            failures.append(message["error"])
+    return pids, failures
+
+
+def _kill_all(engine_process, pids: list[int], prefix: str) -> None:
+    for pid in pids:
+        os.kill(pid, signal.SIGKILL)
+    for path in engine_process.config.sandbox_socket_dir.glob(f"{prefix}-*.sock"):
+        path.unlink()
+
+
+def test_a_burst_larger_than_the_zygotes_socket_waits_its_turn(engine_process):
+    spawner = engine_process.spawner_pid()
+    zygote = _zygote_pid(spawner)
+    os.kill(zygote, signal.SIGSTOP)  # every request queues: first in the socket, then in the spawner
+    try:
+        connection = _spawn_directly(engine_process, 200, "burst")
+    finally:
+        os.kill(zygote, signal.SIGCONT)
+    pids, failures = _answers(connection, 200)
+    connection.close()
+    _kill_all(engine_process, pids, "burst")
+    assert failures == [] and len(pids) == 200
+
+
+def test_requests_queued_when_the_zygote_dies_go_to_the_next_one(engine_process):
+    spawner = engine_process.spawner_pid()
+    zygote = _zygote_pid(spawner)
+    os.kill(zygote, signal.SIGSTOP)
+    connection = _spawn_directly(engine_process, 200, "orphaned")
+    time.sleep(0.2)  # let the spawner hand over what fits
+    os.kill(zygote, signal.SIGKILL)
+    pids, failures = _answers(connection, 200)
+    connection.close()
+    _kill_all(engine_process, pids, "orphaned")
+    # What the dead zygote had taken fails, and says why; the rest was created.
+    assert failures and pids, (len(failures), len(pids))
+    assert {failure["message"] for failure in failures} == {"the zygote exited"}
