@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from importlib.util import find_spec
 from pathlib import Path
 
 import environ
@@ -184,7 +185,15 @@ USE_I18N = False
 USE_TZ = True
 STATIC_URL = "/static/"
 STATIC_ROOT = DATA_DIR / "static"
-STATICFILES_DIRS = [BASE_DIR / "static"]
+# Plotly's JavaScript comes with the Python package: served from there, never from a CDN
+# (found without importing plotly, which every process would otherwise pay for).
+PLOTLY_PACKAGE_DATA = Path(find_spec("plotly").origin or "").resolve().parent / "package_data"  # type: ignore[union-attr]
+STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", PLOTLY_PACKAGE_DATA)]
+# Production runs collectstatic (scripts/up does): WhiteNoise then serves the collected,
+# compressed files.  Where nobody has (a fresh checkout, the test stack), it serves the
+# sources through the finders instead; doing both would let the sources shadow the
+# compressed copies.
+WHITENOISE_USE_FINDERS = env.bool("FORKYARD_STATIC_FROM_SOURCE", default=not (STATIC_ROOT / "console.css").exists())
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
     "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
