@@ -56,6 +56,9 @@ class UsagePeriod(models.Model):
     unit_price = models.DecimalField(max_digits=14, decimal_places=8)
     quantity_gib = models.DecimalField(max_digits=14, decimal_places=6, default=Decimal(1))
     started_at = models.DateTimeField()
+    # started_at as epoch milliseconds: lets the database sum open periods'
+    # running time on every backend (the board's "cost so far").
+    started_ms = models.BigIntegerField(default=0)
     ended_at = models.DateTimeField(null=True, blank=True)
     duration_ms = models.BigIntegerField(null=True, blank=True)
     amount = models.DecimalField(max_digits=16, decimal_places=8, null=True, blank=True)

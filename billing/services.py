@@ -86,6 +86,7 @@ def usage_transition(*, sandbox: object, kind: str | None, at: datetime) -> Usag
                 labels=sandbox.labels,
                 unit_price=hourly_price(kind, sandbox.size, sandbox.cpu, sandbox.memory_mib),
                 started_at=at,
+                started_ms=int(at.timestamp() * 1000),
             )
     except IntegrityError:
         # Someone else opened it between our read and write: theirs stands.
@@ -112,4 +113,5 @@ def saved_state_transition(*, snapshot: object, gib: Decimal | None, at: datetim
         unit_price=hourly_price(Price.Kind.SAVED_STATE, "", 0, 0),
         quantity_gib=gib,
         started_at=at,
+        started_ms=int(at.timestamp() * 1000),
     )

@@ -1,5 +1,11 @@
-"""Websocket routes (the live launch board lives in sandboxes.consumers)."""
+"""Websocket routes."""
 
 from __future__ import annotations
 
-websocket_urlpatterns: list = []
+from django.urls import path
+
+from sandboxes.consumers import BoardConsumer
+
+websocket_urlpatterns = [
+    path("ws/board/<str:launch_id>/", BoardConsumer.as_asgi()),
+]

@@ -217,8 +217,17 @@ class Sandbox(models.Model):
             models.Index(fields=["host", "state"]),
             models.Index(fields=["launch", "state"]),
             models.Index(fields=["team", "created_at"]),
+            models.Index(fields=["updated_at"]),  # the board ticker reads what just changed
         ]
 
     @property
     def live(self) -> bool:
         return self.state in self.LIVE
+
+
+class BoardLease(models.Model):
+    """Which web process runs the board's ticker (one at a time, by lease)."""
+
+    name = models.CharField(primary_key=True, max_length=32)
+    holder = models.CharField(max_length=64)
+    expires_at = models.DateTimeField()

@@ -239,4 +239,10 @@ class Stack:
             client = redis.Redis.from_url(REDIS_TEST_URL)
             for key in client.scan_iter(f"*{self.tag}*"):
                 client.delete(key)
+        keep = os.environ.get("FORKYARD_TEST_LOGS")
+        if keep:  # for a post-mortem: the processes' logs outlive the stack
+            target = Path(keep) / f"stack-{self.tag}"
+            target.mkdir(parents=True, exist_ok=True)
+            for log in [*self.base_dir.glob("*.log"), *self.base_dir.glob("engine/*.log"), *self.base_dir.glob("engine/state/*.log")]:
+                shutil.copy(log, target / log.name)
         shutil.rmtree(self.base_dir, ignore_errors=True)

@@ -1,0 +1,151 @@
+"""The board during a launch: websocket traffic, and lag from a sandbox ready to its pixel.
+
+    sudo .venv/bin/python bench/board_bench.py [--count 4096] [--backend embedded|postgres]
+
+Starts the product, opens the board's websocket for a new launch of --count
+sandboxes (one per pixel), and records every frame.  Reports messages and
+bytes per second while the launch runs, and for every sandbox the lag between
+its ``ready_at`` (as recorded) and the frame that turned its pixel "running".
+Goal: under one second of lag at 32,752 pixels.  The full size needs a host
+that can hold 32,752 sandboxes (memory, pid_max); on a small host, run a
+smaller count and say so.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.engine_bench import machine  # noqa: E402
+from sandboxes.board_protocol import RUNNING, parse  # noqa: E402
+from tests.support.stack import Stack  # noqa: E402
+
+RESULTS = ROOT / "bench" / "results"
+
+
+def session_cookie(stack: Stack) -> str:
+    """A signed-in session for team A's user, made directly (no console needed)."""
+    team = stack.teams[0]
+    code = (
+        "from django.contrib.auth.models import User;"
+        "from django.contrib.sessions.backends.db import SessionStore;"
+        f"user = User.objects.get(username={team.username!r});"
+        "store = SessionStore();"
+        "store['_auth_user_id'] = str(user.pk);"
+        "store['_auth_user_backend'] = 'django.contrib.auth.backends.ModelBackend';"
+        "store['_auth_user_hash'] = user.get_session_auth_hash();"
+        "store.create();"
+        "print(store.session_key)"
+    )
+    return stack.shell(code).strip().splitlines()[-1]
+
+
+async def watch(stack: Stack, launch_id: str, count: int, cookie: str, timeout_s: float) -> dict[str, Any]:
+    import websockets
+
+    frames: list[tuple[float, int]] = []
+    became_running: dict[int, float] = {}
+    started = time.monotonic()
+    url = stack.url.replace("http", "ws") + f"/ws/board/{launch_id}/"
+    headers = {"Cookie": f"sessionid={cookie}", "Origin": stack.url}
+    async with websockets.connect(url, additional_headers=headers, max_size=None) as socket:
+        snapshot_seq = -1
+        while time.monotonic() - started < timeout_s and len(became_running) < count:
+            try:
+                data = await asyncio.wait_for(socket.recv(), 5)
+            except TimeoutError:
+                continue
+            received = time.time()
+            frames.append((received, len(data)))
+            message = parse(data)
+            for section in message["sections"]:
+                if section["launch"] != launch_id:
+                    continue
+                if message["kind"] == "S":
+                    snapshot_seq = message["seq"]
+                    for index, state in enumerate(section["states"]):
+                        if state == RUNNING:
+                            became_running.setdefault(index, received)
+                elif message["kind"] == "D" and message["seq"] > snapshot_seq:
+                    for start, length, state in section["runs"]:
+                        if state == RUNNING:
+                            for index in range(start, start + length):
+                                became_running.setdefault(index, received)
+    return {"frames": frames, "running": became_running}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--count", type=int, default=4096)
+    parser.add_argument("--backend", choices=("embedded", "postgres"), default="embedded")
+    parser.add_argument("--timeout", type=float, default=600)
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="fy-boardbench-", dir="/tmp"))
+    os.chmod(work, 0o755)
+    os.environ["FORKYARD_TEST_BACKEND"] = args.backend
+    stack = Stack(work / "stack", backend=args.backend)
+    report: dict[str, Any] = {"machine": machine(), "backend": args.backend, "count": args.count}
+    try:
+        stack.start()
+        stack.set_limits(stack.teams[0], requests_per_second=100000, max_sandboxes=100000, max_launch_count=100000)
+        cookie = session_cookie(stack)
+        with stack.client() as api:
+            launch = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": args.count, "ttl_s": 1800,
+                                                        "labels": {"board": "bench"}}).json()
+            started = time.time()
+            observed = asyncio.run(watch(stack, launch["id"], args.count, cookie, args.timeout))
+            finished = time.time()
+            members, cursor = [], None
+            while True:
+                page = api.get(f"/api/v1/launches/{launch['id']}/sandboxes", params={"cursor": cursor, "limit": 5000} if cursor else {"limit": 5000}).json()
+                members += page["sandboxes"]
+                cursor = page["next_cursor"]
+                if not cursor:
+                    break
+            api.delete(f"/api/v1/launches/{launch['id']}")
+        frames = observed["frames"]
+        duration = max(0.001, finished - started)
+        total_bytes = sum(size for _, size in frames)
+        report.update({
+            "pixels_running_seen": len(observed["running"]),
+            "launch_seconds": round(duration, 2),
+            "messages": len(frames),
+            "messages_per_second": round(len(frames) / duration, 1),
+            "bytes": total_bytes,
+            "bytes_per_second": round(total_bytes / duration, 1),
+        })
+        # The launch's sandboxes are listed in pixel order (launch_index).
+        ready = {index: datetime.fromisoformat(member["ready_at"]).timestamp() for index, member in enumerate(members) if member["ready_at"]}
+        lags = sorted(max(0.0, seen - ready[index]) for index, seen in observed["running"].items() if index in ready)
+        if lags:
+            report["lag_ms"] = {
+                "p50": round(statistics.median(lags) * 1000, 1),
+                "p95": round(lags[int(0.95 * (len(lags) - 1))] * 1000, 1),
+                "max": round(lags[-1] * 1000, 1),
+                "n": len(lags),
+            }
+        report["goal_lag_under_1s_met"] = bool(lags) and lags[int(0.95 * (len(lags) - 1))] < 1.0
+    finally:
+        stack.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps(report, indent=2, default=str))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"board-{args.backend}-{args.count}-latest.json").write_text(json.dumps(report, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

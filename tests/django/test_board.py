@@ -1,0 +1,115 @@
+"""The board's websocket protocol: snapshot on connect, deltas, reconnect, resync."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from channels.db import database_sync_to_async
+from channels.routing import URLRouter
+from channels.testing import WebsocketCommunicator
+from django.contrib.auth.models import AnonymousUser, User
+from django.db import connections
+from django.utils import timezone
+
+from console.keys import api_key_create
+from console.routing import websocket_urlpatterns
+from console.services import team_create
+from sandboxes import board_protocol as wire
+from sandboxes.models import Launch, Sandbox
+
+pytestmark = pytest.mark.django_db(transaction=True)
+APP = URLRouter(websocket_urlpatterns)
+
+
+@pytest.fixture
+def launch():
+    user = User.objects.create_user("viewer", password="a-long-password")
+    team = team_create(name="Board team", owner=user)
+    key = api_key_create(team=team, name="k").key
+    launch = Launch.objects.create(team=team, api_key=key, template="base", size="tiny", cpu=1, memory_mib=128, ttl_s=60, count=20)
+    Sandbox.objects.bulk_create(
+        Sandbox(team=team, api_key=key, launch=launch, launch_index=index, template="base", size="tiny", cpu=1, memory_mib=128, ttl_s=60)
+        for index in range(20)
+    )
+    return launch, user
+
+
+async def connect(launch_id: str, user) -> WebsocketCommunicator:
+    communicator = WebsocketCommunicator(APP, f"/ws/board/{launch_id}/")
+    communicator.scope["user"] = user
+    connected, code = await communicator.connect()
+    assert connected, code
+    return communicator
+
+
+async def receive(communicator: WebsocketCommunicator, timeout: float = 5.0) -> dict:
+    output = await communicator.receive_output(timeout=timeout)
+    return wire.parse(output["bytes"])
+
+
+async def until(communicator: WebsocketCommunicator, predicate, timeout: float = 8.0) -> dict:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        frame = await receive(communicator, max(0.1, deadline - loop.time()))
+        if predicate(frame):
+            return frame
+
+
+def _set_running(launch: Launch, indexes: list[int]) -> None:
+    Sandbox.objects.filter(launch=launch, launch_index__in=indexes).update(state=Sandbox.State.RUNNING, updated_at=timezone.now())
+
+
+def test_snapshot_then_deltas_then_reconnect(launch):
+    launch, user = launch
+
+    async def scenario() -> None:
+        viewer = await connect(launch.id, user)
+        layout = await receive(viewer)
+        assert layout["kind"] == "L"
+        section = layout["sections"][0]
+        assert section["launch"] == launch.id and section["width"] * section["height"] >= 20
+        snapshot = await receive(viewer)
+        assert snapshot["kind"] == "S"
+        assert bytes(snapshot["sections"][0]["states"]) == bytes(20)
+        assert snapshot["sections"][0]["counters"].requested == 20
+        await database_sync_to_async(_set_running)(launch, [3, 4, 5, 9])
+        delta = await until(viewer, lambda f: f["kind"] == "D" and any(s["runs"] for s in f["sections"]))
+        runs = delta["sections"][0]["runs"]
+        assert set(runs) == {(3, 3, wire.RUNNING), (9, 1, wire.RUNNING)}
+        assert delta["sections"][0]["counters"].running == 4
+        assert delta["seq"] > snapshot["seq"]
+        await viewer.disconnect()
+
+        again = await connect(launch.id, user)
+        await receive(again)
+        states = (await receive(again))["sections"][0]["states"]
+        assert [index for index, state in enumerate(states) if state == wire.RUNNING] == [3, 4, 5, 9]
+        await again.send_to(text_data='{"type": "resync"}')
+        await until(again, lambda f: f["kind"] == "S")
+        await again.disconnect()
+        await database_sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())
+
+
+def test_strangers_and_anonymous_viewers_are_refused(launch):
+    launch, _ = launch
+    stranger = User.objects.create_user("stranger", password="another-password")
+
+    async def scenario() -> None:
+        for user, code in ((AnonymousUser(), 4401), (stranger, 4404)):
+            communicator = WebsocketCommunicator(APP, f"/ws/board/{launch.id}/")
+            communicator.scope["user"] = user
+            connected, close_code = await communicator.connect()
+            assert not connected and close_code == code
+        await database_sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())
+
+
+def test_frames_are_compact_runs():
+    assert wire.runs({0: 2, 1: 2, 2: 2, 5: 3, 6: 2}) == [(0, 3, 2), (5, 1, 3), (6, 1, 2)]
+    section = wire.delta_section("launch_x", wire.Counters(requested=32752), {index: 2 for index in range(250)})
+    assert len(section) < 100, "a chunk of 250 sandboxes going running is one run"
