@@ -1,0 +1,201 @@
+"""Usage over time for the console: summed in the database, drawn with plotly.
+
+A sandbox's period can run for hours, so its time is split across the buckets
+it overlaps (not counted in the hour it started): each bucket is one SUM over
+the periods that overlap it, computed in integer milliseconds since the epoch.
+One query answers a whole chart however many sandboxes ran.
+
+Each end of a period is read to the millisecond, and amounts are rounded once
+per (group, price, bucket) rather than once per period as on a bill
+(billing.selectors.usage): a chart and a "spend today" figure may differ from
+the bill by a few millionths of a dollar, which they can afford.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+from django.db.models import BigIntegerField, Func, Q, Sum, Value
+from django.db.models.functions import Coalesce, Greatest, Least
+from django.utils import timezone
+
+from console.models import Team
+
+from .models import UsagePeriod
+from .services import AMOUNT_QUANTUM, amount_for
+
+WINDOWS = {"24h": (timedelta(hours=24), timedelta(hours=1)), "7d": (timedelta(days=7), timedelta(days=1))}
+GROUPINGS = ("size", "key", "all")
+
+
+class EpochMs(Func):
+    """A datetime column as integer milliseconds since the epoch, natively on each database."""
+
+    template = "CAST(EXTRACT(EPOCH FROM %(expressions)s) * 1000 AS BIGINT)"
+    output_field = BigIntegerField()
+
+    def as_sqlite(self, compiler: Any, connection: Any, **extra: Any) -> Any:
+        # SQLite keeps datetimes as UTC text; julianday() reads it in C (no Python UDF per row).
+        template = "CAST(ROUND((julianday(%(expressions)s) - 2440587.5) * 86400000.0) AS INTEGER)"
+        return self.as_sql(compiler, connection, template=template, **extra)
+
+
+@dataclass
+class Series:
+    """Per group, one value per bucket: milliseconds and amounts."""
+
+    buckets: list[datetime]
+    milliseconds: dict[str, list[int]] = field(default_factory=dict)
+    amounts: dict[str, list[Decimal]] = field(default_factory=dict)
+    sandbox_groups: set[str] = field(default_factory=set)  # groups whose time is sandbox time
+
+    def total_amount(self) -> Decimal:
+        return sum((sum(values, Decimal(0)) for values in self.amounts.values()), Decimal(0)).quantize(AMOUNT_QUANTUM)
+
+    def amount_since(self, moment: datetime) -> Decimal:
+        """The cost in the buckets that start at or after ``moment`` (a bucket boundary)."""
+        keep = [index for index, start in enumerate(self.buckets) if start >= moment]
+        spent = sum((values[index] for values in self.amounts.values() for index in keep), Decimal(0))
+        return spent.quantize(AMOUNT_QUANTUM)
+
+    def totals(self) -> list[tuple[str, float, Decimal]]:
+        """(group, seconds, amount) over the whole window, biggest spend first."""
+        rows = [
+            (group, sum(self.milliseconds[group]) / 1000, sum(self.amounts[group], Decimal(0)).quantize(AMOUNT_QUANTUM))
+            for group in self.amounts
+        ]
+        return sorted(rows, key=lambda row: (-row[2], row[0]))
+
+
+def _ms(moment: datetime) -> int:
+    return int(moment.timestamp() * 1000)
+
+
+def bucket_starts(window: str, now: datetime | None = None) -> tuple[list[datetime], timedelta]:
+    """The buckets of a window, aligned to the hour (or the day), the last one holding now."""
+    span, step = WINDOWS[window]
+    now = now or timezone.now()
+    last = now.replace(minute=0, second=0, microsecond=0)
+    if step >= timedelta(days=1):
+        last = last.replace(hour=0)
+    count = int(span / step)
+    return [last - step * index for index in reversed(range(count))], step
+
+
+def _group_label(row: dict[str, Any], grouping: str) -> str:
+    if row["kind"] == UsagePeriod.Kind.SAVED_STATE:
+        return "saved state"
+    if grouping == "key":
+        return row["api_key__name"] or "(deleted key)"
+    if grouping == "all":
+        return "all"
+    size = row["size"] or "custom"
+    return size if row["kind"] == UsagePeriod.Kind.RUNNING else f"{size} (paused)"
+
+
+def usage_series(team: Team, buckets: list[tuple[datetime, datetime]], grouping: str = "size") -> Series:
+    """Milliseconds and cost of the team's usage in each [start, end) bucket, per group."""
+    assert grouping in GROUPINGS
+    now_ms = _ms(timezone.now())
+    first, last = buckets[0][0], buckets[-1][1]
+    started = EpochMs("started_at")
+    ended = Coalesce(EpochMs("ended_at"), Value(now_ms, output_field=BigIntegerField()))
+    sums = {}
+    for index, (start, end) in enumerate(buckets):
+        overlap = Least(Value(_ms(end), output_field=BigIntegerField()), ended) - Greatest(
+            Value(_ms(start), output_field=BigIntegerField()), started
+        )
+        # Only periods that overlap this bucket are measured: the rest cost nothing to skip.
+        touching = Q(started_at__lt=end) & (Q(ended_at__isnull=True) | Q(ended_at__gt=start))
+        sums[f"b{index}"] = Sum(overlap, filter=touching, output_field=BigIntegerField())
+    columns = ["kind", "unit_price", "quantity_gib"] + {"size": ["size"], "key": ["api_key__name"], "all": []}[grouping]
+    rows = (
+        UsagePeriod.objects.filter(team=team, started_at__lt=last)
+        .filter(Q(ended_at__isnull=True) | Q(ended_at__gt=first))
+        .values(*columns)
+        .annotate(**sums)
+        .order_by()
+    )
+    series = Series(buckets=[start for start, _ in buckets])
+    milliseconds: dict[str, list[int]] = defaultdict(lambda: [0] * len(buckets))
+    amounts: dict[str, list[Decimal]] = defaultdict(lambda: [Decimal(0)] * len(buckets))
+    for row in rows:
+        group = _group_label(row, grouping)
+        if row["kind"] != UsagePeriod.Kind.SAVED_STATE:
+            series.sandbox_groups.add(group)
+        for index in range(len(buckets)):
+            spent = max(0, int(row[f"b{index}"] or 0))
+            milliseconds[group][index] += spent
+            amounts[group][index] += amount_for(spent, Decimal(row["unit_price"]), Decimal(row["quantity_gib"]))
+    series.milliseconds, series.amounts = dict(milliseconds), dict(amounts)
+    return series
+
+
+def window_series(team: Team, window: str, grouping: str) -> Series:
+    starts, step = bucket_starts(window)
+    return usage_series(team, [(start, start + step) for start in starts], grouping)
+
+
+def sandbox_spend(sandbox: Any) -> tuple[float, Decimal]:
+    """(billed seconds, cost) of one sandbox so far: its few periods, the open one to now."""
+    now = timezone.now()
+    seconds, amount = 0.0, Decimal(0)
+    for period in UsagePeriod.objects.filter(sandbox=sandbox).only(
+        "started_at", "ended_at", "amount", "unit_price", "quantity_gib"
+    ):
+        if period.ended_at is not None and period.amount is not None:
+            seconds += (period.ended_at - period.started_at).total_seconds()
+            amount += period.amount
+        else:
+            milliseconds = max(0, _ms(now) - _ms(period.started_at))
+            seconds += milliseconds / 1000
+            amount += amount_for(milliseconds, period.unit_price, period.quantity_gib)
+    return seconds, amount
+
+
+# --- figures ---------------------------------------------------------------------------
+
+
+def _figure(series: Series, metric: str, title: str) -> dict[str, Any]:
+    """A stacked bar chart as plotly's JSON (data and layout), for Plotly.newPlot in the
+    page; a dict, so that the template's json_script escapes it for a <script> tag."""
+    import plotly.graph_objects as go  # imported on first use: web pages only
+    import plotly.io as pio
+
+    x = [start.isoformat() for start in series.buckets]
+    figure = go.Figure()
+    for group in sorted(series.amounts):
+        if metric == "seconds":
+            if group not in series.sandbox_groups:
+                continue  # saved state is GiB-hours, not sandbox time
+            y: list[float] = [ms / 1000 for ms in series.milliseconds[group]]
+            hover = "%{y:,.0f} s<extra>%{fullData.name}</extra>"
+        else:
+            y = [float(amount) for amount in series.amounts[group]]
+            hover = "$%{y:.4f}<extra>%{fullData.name}</extra>"
+        figure.add_trace(go.Bar(name=group, x=x, y=y, hovertemplate=hover))
+    figure.update_layout(
+        title={"text": title, "font": {"size": 14}},
+        barmode="stack",
+        template="simple_white",
+        height=280,
+        margin={"l": 60, "r": 10, "t": 40, "b": 30},
+        legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
+        yaxis={"title": {"text": "sandbox-seconds" if metric == "seconds" else "USD"}, "rangemode": "tozero"},
+        xaxis={"type": "date"},
+    )
+    figure_json: dict[str, Any] = json.loads(pio.to_json(figure, validate=False))
+    return figure_json
+
+
+def seconds_figure(series: Series, title: str) -> dict[str, Any]:
+    return _figure(series, "seconds", title)
+
+
+def cost_figure(series: Series, title: str) -> dict[str, Any]:
+    return _figure(series, "cost", title)
