@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -32,7 +33,9 @@ def dependency_error(error: BaseException) -> bool:
 
 
 def outage_response(request: HttpRequest, error: BaseException) -> HttpResponse:
-    log.warning("dependency unavailable while serving %s: %s", request.path, error)
+    log.warning(
+        "dependency unavailable while serving %s [%s]: %s", request.path, getattr(request, "forkyard_request_id", "-"), error
+    )
     body = {
         "error": {
             "code": "dependency_unavailable",
@@ -44,8 +47,18 @@ def outage_response(request: HttpRequest, error: BaseException) -> HttpResponse:
     return response
 
 
+def request_id(request: HttpRequest) -> str:
+    """The caller's X-Request-Id (if sane), or a new one: it names the request in our logs and theirs."""
+    given = request.headers.get("X-Request-Id", "")
+    if not (0 < len(given) <= 64 and given.replace("-", "").replace("_", "").isalnum()):
+        given = uuid.uuid4().hex
+    request.forkyard_request_id = given  # type: ignore[attr-defined]
+    return given
+
+
 def decorate(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     response["X-Forkyard-Region"] = settings.FORKYARD_REGION
+    response["X-Request-Id"] = getattr(request, "forkyard_request_id", None) or request_id(request)
     for name, value in getattr(request, "forkyard_headers", {}).items():
         response[name] = value
     return response
@@ -65,6 +78,7 @@ class DependencyErrorsMiddleware:
     def __call__(self, request: HttpRequest) -> Any:
         if iscoroutinefunction(self):
             return self._acall(request)
+        request_id(request)
         try:
             response = self.get_response(request)
         except Exception as error:
@@ -74,6 +88,7 @@ class DependencyErrorsMiddleware:
         return decorate(request, response)
 
     async def _acall(self, request: HttpRequest) -> HttpResponse:
+        request_id(request)
         try:
             response = await self.get_response(request)
         except Exception as error:

@@ -111,8 +111,9 @@ class TeamLimits(models.Model):
     """Per-team limits, editable by an operator (Django admin)."""
 
     team = models.OneToOneField(Team, on_delete=models.CASCADE, related_name="limits", primary_key=True)
-    requests_per_second = models.PositiveIntegerField(default=100)
-    burst = models.PositiveIntegerField(default=200)
+    # RL loops exec thousands of commands a second across their sandboxes.
+    requests_per_second = models.PositiveIntegerField(default=2000)
+    burst = models.PositiveIntegerField(default=4000)
     max_sandboxes = models.PositiveIntegerField(default=1000)
     max_launch_count = models.PositiveIntegerField(default=40000)
     max_ttl_s = models.PositiveIntegerField(default=24 * 3600)

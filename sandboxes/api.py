@@ -84,7 +84,8 @@ async def create_sandbox(request: HttpRequest, payload: SandboxCreate) -> tuple[
     sandbox, created = await db(services.sandbox_create)(key=key, spec=_spec(payload))
     if payload.wait and sandbox.state not in SETTLED:
         sandbox = await wait_until(sandbox.id, SETTLED, settings.FORKYARD_CREATE_WAIT_S)
-    if sandbox.state == Sandbox.State.FAILED and created:
+    if sandbox.state == Sandbox.State.FAILED and sandbox.error_code and not sandbox.ready_at:
+        # The same answer for the first call and for a retry with its key.
         # The host could not start it (bad input was refused before this point).
         raise ApiError(
             sandbox.error_code or "create_failed",
@@ -187,7 +188,8 @@ async def exec_stream(request: HttpRequest, sandbox_id: str, payload: ExecIn) ->
                 elif kind == "result":
                     yield (json.dumps({"type": "exit", **message, "encoding": payload.output}) + "\n").encode()
         except EngineError as error:
-            yield (json.dumps({"type": "error", **from_engine(error).body()["error"]}) + "\n").encode()
+            failure = from_engine(error)
+            yield (json.dumps({"type": "error", "status": failure.status, **failure.body()["error"]}) + "\n").encode()
 
     return StreamingHttpResponse(lines(), content_type="application/x-ndjson")
 
@@ -299,12 +301,21 @@ async def create_launch(request: HttpRequest, payload: LaunchCreate) -> tuple[in
 
 
 @router.get("/launches", response={200: list[LaunchOut], **ERRORS}, tags=["launches"], summary="List launches")
-async def list_launches(request: HttpRequest, limit: int = Query(50, ge=1, le=500)) -> list[dict[str, Any]]:
+async def list_launches(
+    request: HttpRequest,
+    limit: int = Query(50, ge=1, le=500),
+    before: str | None = Query(None, description="a launch id: list older ones"),
+) -> list[dict[str, Any]]:
+    """Newest first; pass the last id you got as `before` for the next page."""
+
     def fetch() -> list[dict[str, Any]]:
-        return [
-            selectors.launch_out(launch)
-            for launch in Launch.objects.filter(team=key_of(request).team).order_by("-created_at")[:limit]
-        ]
+        rows = Launch.objects.filter(team=key_of(request).team)
+        if before:
+            anchor = rows.filter(pk=before).values_list("created_at", flat=True).first()
+            if anchor is None:
+                raise not_found("launch", before)
+            rows = rows.filter(Q(created_at__lt=anchor) | Q(created_at=anchor, id__lt=before))
+        return [selectors.launch_out(launch) for launch in rows.order_by("-created_at", "-id")[:limit]]
 
     return await db(fetch)()
 

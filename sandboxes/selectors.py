@@ -106,9 +106,12 @@ def launch_out(launch: Launch) -> dict[str, Any]:
     end = launch.ready_at or launch.ended_at or timezone.now()
     elapsed = max(0.0, (end - launch.created_at).total_seconds())
     started = progress["running"] + progress["failed"] + progress["ended"]
+    state = launch.state
+    if state == Launch.State.CREATING and progress["queued"] == 0 and progress["creating"] == 0:
+        state = Launch.State.READY  # every sandbox started; the row catches up at its chunk's end
     return {
         "id": launch.id,
-        "state": launch.state,
+        "state": state,
         "template": launch.template,
         "snapshot": launch.snapshot_id,
         "size": launch.size or None,
