@@ -551,7 +551,7 @@ class Spawner:
     def _zygote_exited(self, status: int) -> None:
         """Fail the creates it had not answered, and start another (unless retiring).
 
-        A child it cloned but never released reads EOF on its sync pipe and exits.
+        A child it cloned but never released reads EOF on its sync socket and exits.
         """
         assert self.zygote is not None
         print(f"spawner: the zygote {self.zygote.pid} exited (status {status})", file=sys.stderr, flush=True)

@@ -367,7 +367,7 @@ void confine_and_serve(const struct spawn_request *request, const struct confine
     ssize_t got;
     do got = read(sync_fd, &released, 1);
     while (got < 0 && errno == EINTR);
-    if (got != 1 || released != '1') _exit(1); /* the zygote gave up on us and told the spawner */
+    if (got != 1 || released != '1') _exit(1); /* the zygote gave up on us (and told the spawner) */
     close(sync_fd);
 
     if (unshare(CLONE_NEWCGROUP) < 0) fail("unshare cgroup namespace", request->hostname, errno);

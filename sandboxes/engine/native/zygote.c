@@ -25,7 +25,8 @@
  *
  * Per spawn, in order: clone(CLONE_PARENT | new user, mount, pid, net, ipc,
  * uts namespaces); write the child's pid into each of its cgroup(s); write
- * its uid and gid maps; answer `ok`; release the child.  The child reports
+ * its uid and gid maps; answer `ok`; release the child (one byte on a
+ * socket pair it waits on).  The child reports
  * its own failures on the ready pipe (confine.c).  CLONE_PARENT makes every
  * sandbox's init a child of the spawner, not of this process: the spawner
  * reaps them and reports their exits exactly as before, and this process
@@ -352,11 +353,14 @@ static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
     request.listen_fd = fds[0];
     request.ready_fd = fds[1];
 
-    /* The child waits on this pipe until it sits in its cgroups and has its id
+    /* The child waits on this until it sits in its cgroups and has its id
      * maps: before that it is nobody in its user namespace, and what it
-     * creates would be charged to our cgroup. */
+     * creates would be charged to our cgroup.  A socket pair rather than a
+     * pipe: if the child was killed meanwhile, our send gets EPIPE
+     * (MSG_NOSIGNAL) where a write to a pipe would SIGPIPE us. */
     int sync[2];
-    if (pipe2(sync, O_CLOEXEC) < 0) return reply_error(token, 0, "make sync pipe", errno, request.hostname);
+    if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0)
+        return reply_error(token, 0, "make sync socket", errno, request.hostname);
     /* A raw clone, like fork: the child is at once PID 1 of its new pid
      * namespace, no second fork.  CLONE_PARENT gives it our parent (the
      * spawner); its exit signal is then ours, SIGCHLD. */
@@ -374,7 +378,7 @@ static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
     const char *step = NULL;
     int result;
     if (prepare_child((pid_t)pid, &step, failed_target, sizeof failed_target) < 0) {
-        /* Closing the pipe unreleased makes the child exit; the spawner reaps it. */
+        /* Closing the socket unreleased makes the child exit; the spawner reaps it. */
         result = reply_error(token, (pid_t)pid, step, errno, failed_target);
         close(sync[1]);
         return result;
@@ -384,7 +388,7 @@ static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
     result = reply_ok(token, (pid_t)pid);
     if (result == 0) {
         ssize_t written;
-        do written = write(sync[1], "1", 1);
+        do written = send(sync[1], "1", 1, MSG_NOSIGNAL);
         while (written < 0 && errno == EINTR);
     }
     close(sync[1]);
