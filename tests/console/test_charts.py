@@ -36,10 +36,11 @@ def test_open_periods_count_until_now_and_groups_are_by_size_or_key(world: World
     by_size = window_series(world.team_a, "24h", "size")
     assert set(by_size.milliseconds) == {"tiny", "default"}
     assert abs(sum(by_size.milliseconds["tiny"]) - 600_000) < 5_000
-    assert sum(by_size.milliseconds["default"]) == 3_600_000
+    assert abs(sum(by_size.milliseconds["default"]) - 3_600_000) <= 1  # each end read to the millisecond
     by_key = window_series(world.team_a, "24h", "key")
     assert set(by_key.milliseconds) == {"trainer", "evaluator"}
-    assert sum(by_key.amounts["evaluator"], Decimal(0)) == Decimal("0.018")
+    # The hour falls across two buckets, each rounded to the hundred-millionth.
+    assert abs(sum(by_key.amounts["evaluator"], Decimal(0)) - Decimal("0.018")) <= Decimal("0.00000002")
 
 
 def test_the_totals_agree_with_the_bill(world: World) -> None:
