@@ -1,0 +1,113 @@
+"""Forms for the console's sandbox pages: the list's filters, the command box, network policies."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Any
+
+from django import forms
+
+from .models import Sandbox
+from .policies import HOSTNAME
+
+# A label key the database lookup takes literally: no "__" (Django would read a
+# lookup in it), no spaces or quotes.
+LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:/-]{0,62}$")
+PROTOCOLS = ("tcp", "udp", "any")
+
+
+class SandboxFilterForm(forms.Form):
+    state = forms.ChoiceField(required=False, choices=[("", "Any state"), *Sandbox.State.choices])
+    label = forms.CharField(required=False, max_length=200, strip=True, help_text="key=value, or key for any value")
+    cursor = forms.CharField(required=False, max_length=100)
+
+    def clean_label(self) -> str:
+        label: str = self.cleaned_data["label"]
+        key = label.partition("=")[0]
+        if label and (not LABEL_KEY.match(key) or "__" in key):
+            raise forms.ValidationError("A label key is letters, digits and . _ : / - (no double underscore).")
+        return label
+
+
+class ExecForm(forms.Form):
+    cmd = forms.CharField(
+        label="Command",
+        max_length=10_000,
+        strip=False,
+        widget=forms.Textarea(attrs={"rows": 2, "spellcheck": "false", "autocomplete": "off"}),
+        help_text="Runs under /bin/sh -c in the sandbox.",
+    )
+    # Under the engine client's own socket timeout (300 s), so the command times out first.
+    timeout_s = forms.FloatField(label="Timeout (s)", initial=30, min_value=0.1, max_value=120)
+
+    def clean_cmd(self) -> str:
+        cmd: str = self.cleaned_data["cmd"]
+        if not cmd.strip():
+            raise forms.ValidationError("Type a command to run.")
+        return cmd
+
+
+def _rule(line: str, number: int) -> dict[str, Any]:
+    """``<cidr or host> [ports] [protocol]``, e.g. ``pypi.org 443`` or ``10.0.0.0/8 53 udp``."""
+    parts = line.split()
+    if len(parts) > 3:
+        raise forms.ValidationError(f"Line {number}: write a network or host, then ports, then a protocol.")
+    target, ports, protocol = parts[0], parts[1] if len(parts) > 1 else "", parts[2] if len(parts) > 2 else "tcp"
+    if ports in PROTOCOLS:  # "host udp": no ports given
+        ports, protocol = "", ports
+    rule: dict[str, Any] = {"cidr": None, "host": None, "protocol": protocol.lower()}
+    try:
+        rule["cidr"] = str(ipaddress.ip_network(target, strict=False))
+    except ValueError:
+        if "/" in target or re.fullmatch(r"[\d.]+", target) or not HOSTNAME.match(target):
+            raise forms.ValidationError(f"Line {number}: {target!r} is neither a network (CIDR) nor a host name.") from None
+        rule["host"] = target.lower()
+    try:
+        rule["ports"] = sorted({int(port) for port in ports.split(",") if port})
+    except ValueError:
+        raise forms.ValidationError(f"Line {number}: ports are numbers separated by commas, like 80,443.") from None
+    if any(not 1 <= port <= 65535 for port in rule["ports"]) or len(rule["ports"]) > 64:
+        raise forms.ValidationError(f"Line {number}: ports are 1 to 65535, at most 64 of them.")
+    if rule["protocol"] not in PROTOCOLS:
+        raise forms.ValidationError(f"Line {number}: the protocol is tcp, udp or any.")
+    return rule
+
+
+def egress_text(egress: list[dict[str, Any]]) -> str:
+    """A policy's rules as the form writes them, one a line."""
+    lines = []
+    for rule in egress:
+        ports = ",".join(str(port) for port in rule.get("ports") or [])
+        lines.append(
+            " ".join(part for part in (rule.get("cidr") or rule.get("host"), ports, rule.get("protocol", "tcp")) if part)
+        )
+    return "\n".join(lines)
+
+
+class PolicyForm(forms.Form):
+    name = forms.CharField(max_length=64, strip=True)
+    description = forms.CharField(max_length=255, required=False, strip=True)
+    egress = forms.CharField(
+        label="Allowed destinations",
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false", "placeholder": "pypi.org 443\n10.0.0.0/8 53 udp"}),
+        help_text="One a line: a network (CIDR) or a host name, then ports (comma-separated; none for all), "
+        "then tcp, udp or any (tcp if left out). Empty: nowhere but the sandbox's own loopback.",
+    )
+
+    def clean_egress(self) -> list[dict[str, Any]]:
+        rules, errors = [], []
+        for number, line in enumerate(self.cleaned_data["egress"].splitlines(), 1):
+            line = line.strip()
+            if not line or line.startswith("#"):
+                continue
+            try:
+                rules.append(_rule(line, number))
+            except forms.ValidationError as error:
+                errors.append(error)  # every bad line at once, not one per submit
+        if errors:
+            raise forms.ValidationError(errors)
+        if len(rules) > 256:
+            raise forms.ValidationError("A policy has at most 256 rules.")
+        return rules
