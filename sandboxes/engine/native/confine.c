@@ -362,7 +362,7 @@ void confine_and_serve(const struct spawn_request *request, const struct confine
     close(FD_SPAWNER);
     /* Never dumpable, from the first instruction: once sandbox code runs it
      * must not ptrace us or open our /proc/1/fd (the writable layer). */
-    prctl(PR_SET_DUMPABLE, 0, 0, 0, 0);
+    if (prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0) fail("make init non-dumpable", request->hostname, errno);
     char released = 0;
     ssize_t got;
     do got = read(sync_fd, &released, 1);
@@ -381,7 +381,7 @@ void confine_and_serve(const struct spawn_request *request, const struct confine
     drop_capabilities(confinement->kept_capabilities);
     install_filter(confinement);
     arrange_descriptors(request);
-    prctl(PR_SET_NAME, "forkyard-init", 0, 0, 0);
+    if (prctl(PR_SET_NAME, "forkyard-init", 0, 0, 0) < 0) fail("name init", "forkyard-init", errno);
     /* The request and the zygote's other buffers are ours alone from the
      * zygote's next request on: a few pages per sandbox, for nothing. */
     zygote_release_memory();

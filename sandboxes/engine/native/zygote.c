@@ -417,7 +417,7 @@ void zygote_release_memory(void) {
  * starter left would pass to every init and every command it runs (Python
  * ignores SIGPIPE and SIGXFSZ, glibc's posix_spawn its internal signals 32
  * and 33).  Raw system calls: musl refuses to touch its own internal signals. */
-static void reset_signals(void) {
+static int reset_signals(void) {
     struct {
         void *handler;
         unsigned long flags;
@@ -425,14 +425,13 @@ static void reset_signals(void) {
         uint64_t mask;
     } action = {0, 0, 0, 0}; /* SIG_DFL */
     for (int number = 1; number <= 64; number++) {
-        if (number != SIGKILL && number != SIGSTOP) syscall(SYS_rt_sigaction, number, &action, NULL, 8);
+        if (number != SIGKILL && number != SIGSTOP && syscall(SYS_rt_sigaction, number, &action, NULL, 8) < 0) return -1;
     }
     uint64_t none = 0;
-    syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
+    return (int)syscall(SYS_rt_sigprocmask, SIG_SETMASK, &none, NULL, 8);
 }
 
 int main(void) {
-    prctl(PR_SET_NAME, "forkyard-zygote", 0, 0, 0);
     int type = 0;
     socklen_t type_size = sizeof type;
     if (getsockopt(FD_SPAWNER, SOL_SOCKET, SO_TYPE, &type, &type_size) < 0 || type != SOCK_SEQPACKET) {
@@ -440,10 +439,12 @@ int main(void) {
         (void)!write(2, usage, sizeof usage - 1);
         return 2;
     }
-    reset_signals();
+    /* Exit codes for the spawner's log: what could not be set up. */
+    if (prctl(PR_SET_NAME, "forkyard-zygote", 0, 0, 0) < 0) return 3;
+    if (reset_signals() < 0) return 4;
     /* Whatever else we inherited would reach every sandbox. */
-    if (syscall(SYS_close_range, FD_SPAWNER + 1, ~0U, 0) < 0) return 3;
-    (void)fcntl(FD_SPAWNER, F_SETFD, FD_CLOEXEC);
+    if (syscall(SYS_close_range, FD_SPAWNER + 1, ~0U, 0) < 0) return 5;
+    if (fcntl(FD_SPAWNER, F_SETFD, FD_CLOEXEC) < 0) return 6;
 
     for (;;) {
         struct received fds;
