@@ -143,3 +143,20 @@ def test_the_stack_serves_the_pages_and_their_static_files(stack: Stack, browser
         response = browser.get(path)
         assert response.status_code == 200 and len(response.content) > 1000, path
     assert httpx.get(f"{stack.url}/sandboxes/").status_code == 302  # and nothing without signing in
+
+
+@pytest.mark.root
+def test_a_long_command_does_not_hold_up_other_pages(stack: Stack, browser: httpx.Client, running_sandbox: str) -> None:
+    """The command box is a sync view: under Daphne each request has its own thread."""
+    import threading
+
+    finished: list[str] = []
+    worker = threading.Thread(target=lambda: finished.append(run(browser, running_sandbox, "sleep 3; echo done", timeout_s=10)))
+    worker.start()
+    time.sleep(0.5)  # the command is running now
+    with httpx.Client(base_url=stack.url, cookies=browser.cookies, timeout=10) as other:
+        started = time.monotonic()
+        assert other.get("/sandboxes/").status_code == 200
+        assert time.monotonic() - started < 2
+    worker.join(timeout=30)
+    assert finished and "done" in finished[0]
