@@ -60,6 +60,7 @@ class UsagePeriod(models.Model):
     # running time on every backend (the board's "cost so far").
     started_ms = models.BigIntegerField(default=0)
     ended_at = models.DateTimeField(null=True, blank=True)
+    ended_ms = models.BigIntegerField(null=True, blank=True)  # likewise, for ended periods
     duration_ms = models.BigIntegerField(null=True, blank=True)
     amount = models.DecimalField(max_digits=16, decimal_places=8, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
@@ -78,3 +79,12 @@ class UsagePeriod(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["team", "started_at"]), models.Index(fields=["team", "ended_at"])]
+
+    def save(self, *args: object, **kwargs: object) -> None:
+        """Keep the epoch-millisecond columns equal to the datetimes, whoever wrote them."""
+        self.started_ms = int(self.started_at.timestamp() * 1000)
+        self.ended_ms = int(self.ended_at.timestamp() * 1000) if self.ended_at is not None else None
+        update_fields = kwargs.get("update_fields")
+        if update_fields is not None:
+            kwargs["update_fields"] = {*update_fields, "started_ms", "ended_ms"}  # type: ignore[misc]
+        super().save(*args, **kwargs)  # type: ignore[arg-type]

@@ -56,9 +56,10 @@ def amount_for(duration_ms: int, unit_price: Decimal, quantity: Decimal = Decima
 def _close(period: UsagePeriod, at: datetime) -> UsagePeriod:
     ended = max(at, period.started_at)
     period.ended_at = ended
-    period.duration_ms = int((ended - period.started_at).total_seconds() * 1000)
+    period.ended_ms = int(ended.timestamp() * 1000)
+    period.duration_ms = max(0, period.ended_ms - int(period.started_at.timestamp() * 1000))
     period.amount = amount_for(period.duration_ms, period.unit_price, period.quantity_gib)
-    period.save(update_fields=["ended_at", "duration_ms", "amount"])
+    period.save(update_fields=["ended_at", "ended_ms", "duration_ms", "amount"])
     return period
 
 
@@ -86,7 +87,6 @@ def usage_transition(*, sandbox: object, kind: str | None, at: datetime) -> Usag
                 labels=sandbox.labels,
                 unit_price=hourly_price(kind, sandbox.size, sandbox.cpu, sandbox.memory_mib),
                 started_at=at,
-                started_ms=int(at.timestamp() * 1000),
             )
     except IntegrityError:
         # Someone else opened it between our read and write: theirs stands.
@@ -113,5 +113,4 @@ def saved_state_transition(*, snapshot: object, gib: Decimal | None, at: datetim
         unit_price=hourly_price(Price.Kind.SAVED_STATE, "", 0, 0),
         quantity_gib=gib,
         started_at=at,
-        started_ms=int(at.timestamp() * 1000),
     )

@@ -100,6 +100,11 @@ async def create_sandbox(request: HttpRequest, payload: SandboxCreate) -> tuple[
     return status, selectors.sandbox_out(sandbox)
 
 
+def _check_state(state: str | None) -> None:
+    if state is not None and state not in Sandbox.State.values:
+        raise ApiError("invalid_request", f"state must be one of {', '.join(Sandbox.State.values)}", field="state")
+
+
 @router.get("/sandboxes", response={200: SandboxList, **ERRORS}, summary="List sandboxes")
 async def list_sandboxes(
     request: HttpRequest,
@@ -109,8 +114,7 @@ async def list_sandboxes(
     cursor: str | None = None,
 ) -> dict[str, Any]:
     key = key_of(request)
-    if state is not None and state not in Sandbox.State.values:
-        raise ApiError("invalid_request", f"state must be one of {', '.join(Sandbox.State.values)}", field="state")
+    _check_state(state)
     page, next_cursor = await db(selectors.sandboxes_page)(key.team, state, label, limit, cursor)
     return {"sandboxes": [selectors.sandbox_out(sandbox) for sandbox in page], "next_cursor": next_cursor}
 
@@ -338,6 +342,10 @@ async def launch_sandboxes(
     limit: int = Query(1000, ge=1, le=5000),
     cursor: str | None = None,
 ) -> dict[str, Any]:
+    _check_state(state)
+    if cursor is not None and not (cursor.isdigit() and len(cursor) <= 9):
+        raise ApiError("invalid_request", "cursor is not one this API gave out", field="cursor")
+
     def fetch() -> dict[str, Any]:
         launch = selectors.launch_for(key_of(request).team, launch_id)
         rows = Sandbox.objects.select_related("host").filter(launch=launch)

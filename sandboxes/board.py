@@ -126,8 +126,13 @@ def snapshot_frames(launch: Launch) -> tuple[bytes, bytes]:
     deltas numbered after it are newer than this snapshot."""
     seq = int(cache.get(_seq_key(launch.team_id), 0))
     states = pixel_states(launch)
-    snapshot = section_id(launch.id) + counters_for(launch).pack() + struct.pack("<I", len(states)) + bytes(states)
-    return frame(b"L", seq, [layout_section(launch)]), frame(b"S", seq, [snapshot])
+    return frame(b"L", seq, [layout_section(launch)]), frame(
+        b"S", seq, [snapshot_section(launch.id, counters_for(launch), states)]
+    )
+
+
+def snapshot_section(launch_id: str, counters: Counters, states: bytes | bytearray) -> bytes:
+    return section_id(launch_id) + counters.pack() + struct.pack("<I", len(states)) + bytes(states)
 
 
 COUNTERS_EVERY_S = 1.0  # the cost so far is an aggregate over the whole launch: not every tick
@@ -183,8 +188,8 @@ class Ticker:
         _, created = BoardLease.objects.get_or_create(name="board", defaults={"holder": self.holder, "expires_at": until})
         return created
 
-    def tick(self) -> dict[str, bytes]:
-        """One round: the frame to send to each team that has news."""
+    def tick(self) -> dict[str, list[bytes]]:
+        """One round: the frames to send to each team that has news, in order."""
         # Everything since the last scan began, and a margin before it: a row
         # committed late carries an updated_at older than its commit.
         scan_started = timezone.now()
@@ -196,15 +201,20 @@ class Ticker:
             .iterator(chunk_size=5000)
         )
         pending: dict[str, dict[int, int]] = {}
+        fresh: set[str] = set()
         for launch_id, team_id, index, state in changed:
             watched = self.watched.get(launch_id)
             if watched is None:
                 launch = Launch.objects.filter(pk=launch_id).first()
                 if launch is None:
                     continue
+                # New to us: loaded whole, and sent whole. A viewer's snapshot
+                # may predate this load, and a delta against our copy would
+                # never carry what changed in between.
                 watched = self.watched[launch_id] = _Watched(launch_id, team_id, pixel_states(launch))
-                pending.setdefault(launch_id, {})  # new to us: at least its counters go out
-                continue  # just loaded: already current
+                fresh.add(launch_id)
+                pending.setdefault(launch_id, {})
+                continue
             code = STATE_CODES.get(state, REQUESTED)
             if index is not None and 0 <= index < len(watched.states) and watched.states[index] != code:
                 watched.states[index] = code
@@ -215,6 +225,7 @@ class Ticker:
             if now - watched.last_counters >= 1.0:
                 pending.setdefault(watched.launch_id, {})
         by_team: dict[str, list[bytes]] = {}
+        whole: dict[str, list[bytes]] = {}
         for launch_id, changes in pending.items():
             launch = Launch.objects.filter(pk=launch_id).first()
             watched = self.watched[launch_id]
@@ -225,14 +236,20 @@ class Ticker:
                 watched.counters, watched.last_counters = counters_for(launch), now
             if changes:
                 watched.last_seen = now
-            by_team.setdefault(watched.team_id, []).append(delta_section(launch_id, _current(watched, launch), changes))
+            if launch_id in fresh:
+                whole.setdefault(watched.team_id, []).append(
+                    snapshot_section(launch_id, _current(watched, launch), watched.states)
+                )
+            else:
+                by_team.setdefault(watched.team_id, []).append(delta_section(launch_id, _current(watched, launch), changes))
             if launch.state == Launch.State.STOPPED and now - watched.last_seen > 10:
                 self.watched.pop(launch_id, None)  # ended and quiet: stop following it
-        frames = {}
-        for team_id, sections in by_team.items():
-            seq = self.seq[team_id] = self.seq.get(team_id, int(cache.get(_seq_key(team_id), 0))) + 1
-            cache.set(_seq_key(team_id), seq, None)
-            frames[team_id] = frame(b"D", seq, sections)
+        frames: dict[str, list[bytes]] = {}
+        for kind, sections_by_team in ((b"S", whole), (b"D", by_team)):
+            for team_id, sections in sections_by_team.items():
+                seq = self.seq[team_id] = self.seq.get(team_id, int(cache.get(_seq_key(team_id), 0))) + 1
+                cache.set(_seq_key(team_id), seq, None)
+                frames.setdefault(team_id, []).append(frame(kind, seq, sections))
         return frames
 
 
@@ -257,8 +274,9 @@ async def _run() -> None:
         started = time.monotonic()
         try:
             if await db(ticker.lease)():
-                for team_id, data in (await db(ticker.tick)()).items():
-                    await layer.group_send(group_name(team_id), {"type": "board.frame", "bytes": data})
+                for team_id, frames in (await db(ticker.tick)()).items():
+                    for data in frames:
+                        await layer.group_send(group_name(team_id), {"type": "board.frame", "bytes": data})
         except Exception as error:  # noqa: BLE001 - a board outage must not end the ticker
             log.warning("board ticker: %s", error)
             await asyncio.sleep(1)

@@ -17,6 +17,7 @@ from django.utils import timezone
 from console.models import Team
 
 from .models import Launch, NetworkPolicy, Sandbox, Snapshot, Template
+from .selectors import with_label
 
 PAGE_SIZE = 50
 Row = TypeVar("Row")
@@ -56,17 +57,11 @@ def keyset_page(rows: QuerySet[Any], cursor: str | None, limit: int = PAGE_SIZE)
     return Page(page[:limit], f"{last.created_at.isoformat()}|{last.id}")
 
 
-def label_filter(label: str) -> Q:
-    """``key=value`` or ``key`` (any value), as the API reads it."""
-    key, _, value = label.partition("=")
-    return Q(**{f"labels__{key}": value}) if value else Q(labels__has_key=key)
-
-
 def state_counts(team: Team, label: str | None = None) -> dict[str, int]:
     """How many of the team's sandboxes are in each state: one GROUP BY."""
     rows = Sandbox.objects.filter(team=team)
     if label:
-        rows = rows.filter(label_filter(label))
+        rows = with_label(rows, label)
     counted = rows.values("state").annotate(n=Count("id")).order_by()
     return {row["state"]: row["n"] for row in counted}
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Count, Q
+from django.db.models import Count, Q, QuerySet, TextField
+from django.db.models.fields.json import KeyTextTransform
+from django.db.models.functions import Cast
 from django.utils import timezone
 
-from console.errors import not_found
+from console.errors import ApiError, not_found
 from console.models import Team
 
 from .models import Launch, NetworkPolicy, Sandbox, Snapshot
@@ -65,6 +67,21 @@ def sandbox_out(sandbox: Sandbox) -> dict[str, Any]:
     }
 
 
+def with_label(rows: QuerySet[Sandbox], label: str) -> QuerySet[Sandbox]:
+    """Filter by ``key=value`` or ``key`` (any value).
+
+    The key is a JSON key taken literally (KeyTextTransform), never spliced
+    into a lookup path: ``a__regex`` is a key, not a regex query.
+    """
+    key, separator, value = label.partition("=")
+    if not key or len(key) > 63:
+        raise ApiError("invalid_request", "label is key=value or key", field="label")
+    if not separator:
+        return rows.filter(labels__has_key=key)
+    # Cast: a JSON key transform would read "1" as the JSON number 1.
+    return rows.alias(label_value=Cast(KeyTextTransform(key, "labels"), output_field=TextField())).filter(label_value=value)
+
+
 def sandboxes_page(
     team: Team, state: str | None, label: str | None, limit: int, cursor: str | None
 ) -> tuple[list[Sandbox], str | None]:
@@ -73,9 +90,12 @@ def sandboxes_page(
     if state:
         rows = rows.filter(state=state)
     if label:
-        key, _, value = label.partition("=")
-        rows = rows.filter(**{f"labels__{key}": value}) if value else rows.filter(labels__has_key=key)
+        rows = with_label(rows, label)
     if cursor:
+        from .listings import valid_cursor
+
+        if valid_cursor(cursor) is None:
+            raise ApiError("invalid_request", "cursor is not one this API gave out", field="cursor")
         created, _, last_id = cursor.partition("|")
         rows = rows.filter(Q(created_at__lt=created) | Q(created_at=created, id__lt=last_id))
     page = list(rows.order_by("-created_at", "-id")[: limit + 1])

@@ -104,6 +104,32 @@ def test_bad_listing_and_usage_queries(api):
     assert api.get("/api/v1/usage", params={"group_by": "colour"}).json()["error"]["field"] == "group_by"
     assert api.get("/api/v1/usage", params={"start": "2030-01-02T00:00:00Z", "end": "2030-01-01T00:00:00Z"}).status_code == 400
     assert api.get("/api/v1/usage", params={"start": "yesterday"}).status_code == 400
+    for cursor in ("junk", "2026-01-01|", "x|y", "2026-01-01T00:00:00|abc"):  # the last one lacks a timezone
+        response = api.get("/api/v1/sandboxes", params={"cursor": cursor})
+        assert response.status_code == 400 and response.json()["error"]["field"] == "cursor", (cursor, response.text)
+    assert api.get("/api/v1/sandboxes", params={"label": "=x"}).json()["error"]["field"] == "label"
+
+
+def test_bad_launch_member_queries(api):
+    launch = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": 1, "ttl_s": 60}).json()
+    members = f"/api/v1/launches/{launch['id']}/sandboxes"
+    for params, field in (({"cursor": "junk"}, "cursor"), ({"cursor": "-1"}, "cursor"), ({"state": "flying"}, "state")):
+        response = api.get(members, params=params)
+        assert response.status_code == 400 and response.json()["error"]["field"] == field, (params, response.text)
+    api.delete(f"/api/v1/launches/{launch['id']}")
+
+
+def test_a_label_key_is_taken_literally(api):
+    """A key is a JSON key, never a lookup: ``suite__regex=.*`` matches nothing, not everything."""
+    labelled = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny", "ttl_s": 60, "labels": {"n": "1"}}).json()
+    try:
+        assert api.get("/api/v1/sandboxes", params={"label": "n__regex=.*"}).json()["sandboxes"] == []
+        assert api.get("/api/v1/sandboxes", params={"label": "n__gt=0"}).json()["sandboxes"] == []
+        found = api.get("/api/v1/sandboxes", params={"label": "n=1"}).json()["sandboxes"]
+        assert [row["id"] for row in found] == [labelled["id"]], "a string value that looks like a number still matches"
+        assert [row["id"] for row in api.get("/api/v1/sandboxes", params={"label": "n"}).json()["sandboxes"]] == [labelled["id"]]
+    finally:
+        api.delete(f"/api/v1/sandboxes/{labelled['id']}")
 
 
 def test_bad_network_policies(api):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 
 import pytest
 from channels.db import database_sync_to_async
@@ -15,6 +16,7 @@ from django.utils import timezone
 from console.keys import api_key_create
 from console.routing import websocket_urlpatterns
 from console.services import team_create
+from sandboxes import board
 from sandboxes import board_protocol as wire
 from sandboxes.models import Launch, Sandbox
 
@@ -27,9 +29,21 @@ def launch():
     user = User.objects.create_user("viewer", password="a-long-password")
     team = team_create(name="Board team", owner=user)
     key = api_key_create(team=team, name="k").key
-    launch = Launch.objects.create(team=team, api_key=key, template="base", size="tiny", cpu=1, memory_mib=128, ttl_s=60, count=20)
+    launch = Launch.objects.create(
+        team=team, api_key=key, template="base", size="tiny", cpu=1, memory_mib=128, ttl_s=60, count=20
+    )
     Sandbox.objects.bulk_create(
-        Sandbox(team=team, api_key=key, launch=launch, launch_index=index, template="base", size="tiny", cpu=1, memory_mib=128, ttl_s=60)
+        Sandbox(
+            team=team,
+            api_key=key,
+            launch=launch,
+            launch_index=index,
+            template="base",
+            size="tiny",
+            cpu=1,
+            memory_mib=128,
+            ttl_s=60,
+        )
         for index in range(20)
     )
     return launch, user
@@ -61,11 +75,35 @@ def _set_running(launch: Launch, indexes: list[int]) -> None:
     Sandbox.objects.filter(launch=launch, launch_index__in=indexes).update(state=Sandbox.State.RUNNING, updated_at=timezone.now())
 
 
+class View:
+    """What a browser holds: pixels from snapshots, then deltas newer than the snapshot."""
+
+    def __init__(self, launch_id: str) -> None:
+        self.launch_id, self.states, self.snapshot_seq, self.counters = launch_id, bytearray(), -1, None
+
+    def apply(self, frame: dict) -> None:
+        for section in frame["sections"]:
+            if section["launch"] != self.launch_id or frame["kind"] == "L":
+                continue
+            if frame["kind"] == "S":
+                self.states, self.snapshot_seq = bytearray(section["states"]), frame["seq"]
+            elif frame["seq"] > self.snapshot_seq:
+                for start, length, state in section["runs"]:
+                    self.states[start : start + length] = bytes([state]) * length
+            else:
+                continue
+            self.counters = section["counters"]
+
+    def running(self) -> list[int]:
+        return [index for index, state in enumerate(self.states) if state == wire.RUNNING]
+
+
 def test_snapshot_then_deltas_then_reconnect(launch):
     launch, user = launch
 
     async def scenario() -> None:
         viewer = await connect(launch.id, user)
+        view = View(launch.id)
         layout = await receive(viewer)
         assert layout["kind"] == "L"
         section = layout["sections"][0]
@@ -74,12 +112,15 @@ def test_snapshot_then_deltas_then_reconnect(launch):
         assert snapshot["kind"] == "S"
         assert bytes(snapshot["sections"][0]["states"]) == bytes(20)
         assert snapshot["sections"][0]["counters"].requested == 20
+        view.apply(snapshot)
         await database_sync_to_async(_set_running)(launch, [3, 4, 5, 9])
-        delta = await until(viewer, lambda f: f["kind"] == "D" and any(s["runs"] for s in f["sections"]))
-        runs = delta["sections"][0]["runs"]
-        assert set(runs) == {(3, 3, wire.RUNNING), (9, 1, wire.RUNNING)}
-        assert delta["sections"][0]["counters"].running == 4
-        assert delta["seq"] > snapshot["seq"]
+
+        def caught_up(frame: dict) -> bool:
+            view.apply(frame)
+            return view.running() == [3, 4, 5, 9] and view.counters.running == 4
+
+        last = await until(viewer, caught_up)
+        assert last["seq"] > snapshot["seq"]
         await viewer.disconnect()
 
         again = await connect(launch.id, user)
@@ -92,6 +133,27 @@ def test_snapshot_then_deltas_then_reconnect(launch):
         await database_sync_to_async(connections.close_all)()
 
     asyncio.run(scenario())
+
+
+def test_a_launch_first_seen_after_a_change_is_sent_whole(launch):
+    """A viewer's snapshot predates the ticker's first look at the launch; what
+    changed between them must reach the viewer, not vanish into the ticker's copy."""
+    launch, _ = launch
+    Sandbox.objects.filter(launch=launch).update(updated_at=timezone.now() - timedelta(minutes=5))
+    view = View(launch.id)
+    view.apply(wire.parse(board.snapshot_frames(launch)[1]))
+    ticker = board.Ticker()
+    assert ticker.tick() == {}, "nothing changed recently: nothing to say"
+    _set_running(launch, [0, 7])
+    frames = ticker.tick()[launch.team_id]
+    assert [wire.parse(data)["kind"] for data in frames] == ["S"]
+    for data in frames:
+        view.apply(wire.parse(data))
+    assert view.running() == [0, 7]
+    _set_running(launch, [8])
+    (delta,) = ticker.tick()[launch.team_id]
+    view.apply(wire.parse(delta))
+    assert wire.parse(delta)["kind"] == "D" and view.running() == [0, 7, 8]
 
 
 def test_strangers_and_anonymous_viewers_are_refused(launch):
