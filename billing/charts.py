@@ -91,7 +91,7 @@ def _group_label(row: dict[str, Any], grouping: str) -> str:
     if row["kind"] == UsagePeriod.Kind.SAVED_STATE:
         return "saved state"
     if grouping == "key":
-        return row["api_key__name"] or "(deleted key)"
+        return row["api_key__name"] or "(console or deleted key)"
     if grouping == "all":
         return "all"
     size = row["size"] or "custom"

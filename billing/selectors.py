@@ -46,7 +46,7 @@ def _name(row: dict[str, Any], group_by: str) -> str:
     if group_by == "size":
         return "saved_state" if row["kind"] == UsagePeriod.Kind.SAVED_STATE else f"{row['kind']}:{row['size'] or 'custom'}"
     if group_by == "key":
-        return row["api_key__name"] or "(deleted key)"
+        return row["api_key__name"] or "(console or deleted key)"
     if group_by.startswith("label:"):
         return str(row["label_value"]) if row["label_value"] is not None else "(none)"
     return "all"

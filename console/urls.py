@@ -8,6 +8,7 @@ from django.urls import URLPattern, URLResolver, include, path
 
 from billing import views as billing_views
 from billing.api import router as usage_router
+from sandboxes import board_urls
 from sandboxes import views as sandbox_views
 from sandboxes.api import policies as policy_router
 from sandboxes.api import router as sandbox_router
@@ -45,16 +46,8 @@ console_patterns: list[URLPattern | URLResolver] = [
     path("members/<int:membership_id>/role/", views_account.member_role, name="member-role"),
     path("members/<int:membership_id>/remove/", views_account.member_remove, name="member-remove"),
     path("usage/", billing_views.usage, name="usage"),
+    path("", include(board_urls)),
 ]
-try:
-    # The live board ships in its own module; the console works without it.
-    from sandboxes import board_urls
-except ModuleNotFoundError as missing:
-    if missing.name != "sandboxes.board_urls":
-        raise  # the board is there but broken: say so rather than hide it
-else:
-    console_patterns.append(path("", include(board_urls)))
-
 urlpatterns = [
     path("api/v1/", api.urls),
     path("admin/", admin.site.urls),

@@ -81,7 +81,7 @@ async def create_sandbox(request: HttpRequest, payload: SandboxCreate) -> tuple[
     while, or `wait` is false: 202, and its state says where it is.
     """
     key = key_of(request)
-    sandbox, created = await db(services.sandbox_create)(key=key, spec=_spec(payload))
+    sandbox, created = await db(services.sandbox_create)(team=key.team, key=key, spec=_spec(payload))
     if payload.wait and sandbox.state not in SETTLED:
         sandbox = await wait_until(sandbox.id, SETTLED, settings.FORKYARD_CREATE_WAIT_S)
     if sandbox.state == Sandbox.State.FAILED and sandbox.error_code and not sandbox.ready_at:
@@ -300,7 +300,7 @@ async def create_launch(request: HttpRequest, payload: LaunchCreate) -> tuple[in
     """`count` sandboxes from one template or snapshot, spread over hosts in chunks.
     Follow progress at `GET /launches/{id}`; forking a snapshot N times is a launch."""
     key = key_of(request)
-    launch, created = await db(services.launch_create)(key=key, spec=_spec(payload), count=payload.count)
+    launch, created = await db(services.launch_create)(team=key.team, key=key, spec=_spec(payload), count=payload.count)
     return (201 if created else 200), await db(selectors.launch_out)(launch)
 
 

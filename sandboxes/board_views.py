@@ -7,17 +7,15 @@ to the wordmark: one sandbox per lit pixel.
 
 from __future__ import annotations
 
-import secrets
-
 from django.contrib import messages
-from django.contrib.auth.decorators import login_required
-from django.http import Http404, HttpRequest, HttpResponse
+from django.http import Http404, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from billing.services import hourly_price
+from console.access import HtmxRequest, team_view
 from console.errors import ApiError
-from console.models import ApiKey, Membership, Role, Team
+from console.models import Membership, Role
 
 from . import services
 from .models import Launch
@@ -27,26 +25,8 @@ from .wordmark import render as render_wordmark
 BOARD_LABEL = "board"
 
 
-def _membership(request: HttpRequest) -> Membership:
-    """The user's membership in the session's team (or their first)."""
-    memberships = Membership.objects.select_related("team").filter(user=request.user)
-    chosen = memberships.filter(team_id=request.session.get("team_id")).first() or memberships.first()
-    if chosen is None:
-        raise Http404("you belong to no team")
-    return chosen
-
-
-def console_key(team: Team) -> ApiKey:
-    """The key the console acts with for a team (it has no usable secret)."""
-    key = ApiKey.objects.filter(team=team, name="console", revoked_at__isnull=True).first()
-    if key is None:
-        key = ApiKey.objects.create(team=team, name="console", role=Role.MEMBER, prefix=secrets.token_hex(6), digest="!" * 64)
-    return key
-
-
-@login_required
-def board(request: HttpRequest) -> HttpResponse:
-    membership = _membership(request)
+@team_view()
+def board(request: HtmxRequest, membership: Membership) -> HttpResponse:
     launches = Launch.objects.filter(team=membership.team).order_by("-created_at")
     launch = None
     if request.GET.get("launch"):
@@ -67,10 +47,9 @@ def board(request: HttpRequest) -> HttpResponse:
     return render(request, "sandboxes/board.html", context)
 
 
-@login_required
 @require_POST
-def board_launch(request: HttpRequest) -> HttpResponse:
-    membership = _membership(request)
+@team_view(Role.MEMBER, "start a launch")
+def board_launch(request: HtmxRequest, membership: Membership) -> HttpResponse:
     preset = request.POST.get("preset", "small")
     text = (request.POST.get("text") or "forkyard").strip()[:24] or "forkyard"
     if preset not in PRESETS:
@@ -79,7 +58,7 @@ def board_launch(request: HttpRequest) -> HttpResponse:
     count = render_wordmark(text, PRESETS[preset]).count
     spec = services.CreateSpec(template="base", size="tiny", ttl_s=3600, labels={BOARD_LABEL: preset, "board_text": text})
     try:
-        launch, _ = services.launch_create(key=console_key(membership.team), spec=spec, count=count)
+        launch, _ = services.launch_create(team=membership.team, key=None, spec=spec, count=count)
     except ApiError as error:
         messages.error(request, error.message)
         return redirect("console:board")
@@ -87,10 +66,9 @@ def board_launch(request: HttpRequest) -> HttpResponse:
     return redirect(f"/board/?launch={launch.id}")
 
 
-@login_required
 @require_POST
-def board_teardown(request: HttpRequest, launch_id: str) -> HttpResponse:
-    membership = _membership(request)
+@team_view(Role.MEMBER, "tear a launch down")
+def board_teardown(request: HtmxRequest, membership: Membership, launch_id: str) -> HttpResponse:
     launch = Launch.objects.filter(team=membership.team, pk=launch_id).first()
     if launch is None:
         raise Http404("no such launch")

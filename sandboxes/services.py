@@ -154,13 +154,13 @@ def enqueue_take_down(host: Host, sandbox_ids: list[str]) -> None:
     ensure_gone.apply_async(args=[host.name, sandbox_ids], queue=host.queue, expires=3600)
 
 
-def sandbox_create(*, key: ApiKey, spec: CreateSpec) -> tuple[Sandbox, bool]:
+def sandbox_create(*, team: Team, key: ApiKey | None, spec: CreateSpec) -> tuple[Sandbox, bool]:
     """Record a sandbox and queue it on a host; (sandbox, created).
 
-    A repeated ``idempotency_key`` returns the first sandbox and creates
-    nothing: the unique constraint decides, not a check here.
+    ``key`` is the API key that asked (None: a signed-in member, from the
+    console). A repeated ``idempotency_key`` returns the first sandbox and
+    creates nothing: the unique constraint decides, not a check here.
     """
-    team = key.team
     if spec.idempotency_key:
         existing = Sandbox.objects.select_related("host").filter(team=team, idempotency_key=spec.idempotency_key).first()
         if existing is not None:
@@ -240,9 +240,8 @@ def _request_destroy(sandbox: Sandbox) -> None:
         transaction.on_commit(lambda: enqueue_take_down(host, [locked.id]))
 
 
-def launch_create(*, key: ApiKey, spec: CreateSpec, count: int) -> tuple[Launch, bool]:
+def launch_create(*, team: Team, key: ApiKey | None, spec: CreateSpec, count: int) -> tuple[Launch, bool]:
     """Record a launch; its sandboxes are made and queued in chunks by the dispatcher."""
-    team = key.team
     limits = limits_of(team)
     if count < 1:
         raise ApiError("invalid_request", "count must be at least 1", field="count")
