@@ -15,17 +15,14 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 from django.http import HttpRequest, StreamingHttpResponse
-from django.utils import timezone
 from ninja import Query, Router
 
-from billing.models import UsagePeriod
-from billing.services import usage_transition
 from console.api_base import key_of
 from console.db import db
 from console.errors import ApiError, from_engine, not_found
 from sandboxes.engine.errors import EngineError
 
-from . import selectors, services
+from . import selectors, services, snapshots
 from .engine_link import async_pool, stream_call
 from .models import Launch, NetworkPolicy, Sandbox, Snapshot, Template
 from .notify import wait_until
@@ -43,6 +40,7 @@ from .schemas import (
     SandboxCreate,
     SandboxList,
     SandboxOut,
+    SnapshotCreate,
     SnapshotOut,
     TemplateOut,
 )
@@ -265,31 +263,17 @@ async def upload_archive(request: HttpRequest, sandbox_id: str, path: str = "/")
     return await _upload(request, sandbox_id, "files.upload", path=path)
 
 
-def _record_pause(sandbox_id: str, state: str) -> Sandbox:
-    now = timezone.now()
-    sandbox = Sandbox.objects.get(pk=sandbox_id)
-    moved = (
-        Sandbox.objects.filter(pk=sandbox_id, state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED])
-        .exclude(state=state)
-        .update(state=state, updated_at=now)
-    )
-    if moved:
-        kind = UsagePeriod.Kind.PAUSED if state == Sandbox.State.PAUSED else UsagePeriod.Kind.RUNNING
-        usage_transition(sandbox=sandbox, kind=kind, at=now)
-    return Sandbox.objects.select_related("host").get(pk=sandbox_id)
-
-
 @router.post("/sandboxes/{sandbox_id}/pause", response={200: SandboxOut, **ERRORS}, summary="Pause a sandbox")
 async def pause(request: HttpRequest, sandbox_id: str) -> dict[str, Any]:
     """Freeze every process in it. Paused time is billed at the paused rate."""
     sandbox, _ = await _engine_call(key_of(request).team_id, sandbox_id, "pause")
-    return selectors.sandbox_out(await db(_record_pause)(sandbox.id, Sandbox.State.PAUSED))
+    return selectors.sandbox_out(await db(services.sandbox_record_pause)(sandbox_id=sandbox.id, state=Sandbox.State.PAUSED))
 
 
 @router.post("/sandboxes/{sandbox_id}/resume", response={200: SandboxOut, **ERRORS}, summary="Resume a paused sandbox")
 async def resume(request: HttpRequest, sandbox_id: str) -> dict[str, Any]:
     sandbox, _ = await _engine_call(key_of(request).team_id, sandbox_id, "resume")
-    return selectors.sandbox_out(await db(_record_pause)(sandbox.id, Sandbox.State.RUNNING))
+    return selectors.sandbox_out(await db(services.sandbox_record_pause)(sandbox_id=sandbox.id, state=Sandbox.State.RUNNING))
 
 
 # --- launches -------------------------------------------------------------------------------
@@ -412,22 +396,62 @@ async def get_template(request: HttpRequest, name: str) -> dict[str, Any]:
 
 @router.post(
     "/sandboxes/{sandbox_id}/snapshot",
-    response={201: SnapshotOut, **ERRORS, 501: ErrorOut},
+    response={200: SnapshotOut, 202: SnapshotOut, **ERRORS},
     tags=["snapshots"],
     summary="Snapshot a sandbox",
 )
-async def snapshot_sandbox(request: HttpRequest, sandbox_id: str) -> Any:
-    await db(selectors.sandbox_for)(key_of(request).team, sandbox_id)
-    raise ApiError("not_implemented", "snapshots are not available yet on this deployment", status=501)
+async def snapshot_sandbox(request: HttpRequest, sandbox_id: str, payload: SnapshotCreate) -> tuple[int, dict[str, Any]]:
+    """Save a running or paused sandbox's filesystem as a snapshot to fork from.
+
+    Answers 202 at once with the snapshot `creating`; follow it at
+    `GET /snapshots/{id}` until `ready` (or `failed`, with its `error`). The
+    sandbox keeps running (a paused one stays paused); `paused_ms` says how
+    long it was frozen while its layer was taken. Process memory is not
+    saved: list the `services` (a command and a readiness check each) that
+    every fork starts, and a fork is running only once they all answer (a
+    fork whose service is not ready in its `timeout_s` fails with
+    `service_not_ready`). A retry with the same `idempotency_key` answers 200
+    with the first snapshot. Saved state is billed per GiB-hour of the
+    snapshot's own layer from ready to deleted.
+    """
+    key = key_of(request)
+
+    def act() -> tuple[Snapshot, bool]:
+        sandbox = selectors.sandbox_for(key.team, sandbox_id)
+        return snapshots.snapshot_create(
+            team=key.team,
+            key=key,
+            sandbox=sandbox,
+            name=payload.name,
+            labels=payload.labels,
+            services=[service.model_dump(exclude_none=True) for service in payload.services],
+            idempotency_key=payload.idempotency_key,
+        )
+
+    snapshot, created = await db(act)()
+    return (202 if created else 200), await db(selectors.snapshot_out)(snapshot)
+
+
+def _check_snapshot_state(state: str | None) -> None:
+    if state is not None and state not in Snapshot.State.values:
+        raise ApiError("invalid_request", f"state must be one of {', '.join(Snapshot.State.values)}", field="state")
 
 
 @router.get("/snapshots", response={200: list[SnapshotOut], **ERRORS}, tags=["snapshots"], summary="List snapshots")
-async def list_snapshots(request: HttpRequest) -> list[dict[str, Any]]:
+async def list_snapshots(
+    request: HttpRequest,
+    state: str | None = None,
+    label: str | None = Query(None, description="key=value or key"),
+    limit: int = Query(100, ge=1, le=1000),
+    before: str | None = Query(None, description="a snapshot id: list older ones"),
+) -> list[dict[str, Any]]:
+    """The team's snapshots, newest first (deleted ones are not listed); pass the
+    last id you got as `before` for the next page."""
     team = key_of(request).team
+    _check_snapshot_state(state)
 
     def fetch() -> list[dict[str, Any]]:
-        rows = Snapshot.objects.filter(team=team).exclude(state=Snapshot.State.DELETED).order_by("-created_at")
-        return [selectors.snapshot_out(snapshot) for snapshot in rows]
+        return [selectors.snapshot_out(snapshot) for snapshot in selectors.snapshots_page(team, state, label, limit, before)]
 
     return await db(fetch)()
 
@@ -438,6 +462,25 @@ async def get_snapshot(request: HttpRequest, snapshot_id: str) -> dict[str, Any]
         return selectors.snapshot_out(selectors.snapshot_for(key_of(request).team, snapshot_id))
 
     return await db(fetch)()
+
+
+@router.delete("/snapshots/{snapshot_id}", response={200: SnapshotOut, **ERRORS}, tags=["snapshots"], summary="Delete a snapshot")
+async def delete_snapshot(request: HttpRequest, snapshot_id: str) -> dict[str, Any]:
+    """Delete a snapshot nothing uses any more.
+
+    Refused with 409 `snapshot_in_use` (details: `forks_alive`,
+    `launches_starting`) while a live sandbox was forked from it or a launch
+    from it is still starting: destroy them first. Otherwise it is deleted at
+    once: its saved-state billing ends now, new forks are refused, and its
+    hosts forget it. Snapshots taken from its forks stay usable (they keep
+    the layers they share with it). Answers the snapshot, `deleted`.
+    """
+
+    def act() -> dict[str, Any]:
+        snapshot = selectors.snapshot_for(key_of(request).team, snapshot_id)
+        return selectors.snapshot_out(snapshots.snapshot_delete(snapshot=snapshot))
+
+    return await db(act)()
 
 
 # --- network policies -------------------------------------------------------------------------------

@@ -23,9 +23,9 @@ from billing.models import UsagePeriod
 from billing.services import usage_transition
 from sandboxes.engine import errors as engine_errors
 
-from . import notify
+from . import notify, snapshots
 from .engine_link import engine
-from .models import Host, Launch, Sandbox
+from .models import Host, Launch, Sandbox, Snapshot
 
 log = logging.getLogger("forkyard.lifecycle")
 PARALLEL = 16
@@ -41,7 +41,8 @@ def _when(epoch: float | None) -> datetime | None:
 
 def _create_args(sandbox: Sandbox, sizes: dict[str, Any]) -> dict[str, Any]:
     args: dict[str, Any] = {
-        "template": sandbox.template,
+        # In the engine a snapshot is a template named by the snapshot's id.
+        "template": sandbox.snapshot_id or sandbox.template,
         "ttl_s": sandbox.ttl_s,
         "env": sandbox.env,
         "labels": {key: value for key, value in sandbox.labels.items()},
@@ -89,6 +90,44 @@ def mark_ended(sandbox: Sandbox, state: str, at: datetime | None = None, code: s
             usage_transition(sandbox=sandbox, kind=None, at=ended_at)
 
 
+class SnapshotNotOnHost(engine_errors.EngineError):
+    code = "snapshot_unavailable"
+    status = 503
+
+
+def ensure_snapshot_on_host(host: Host, snapshot: Snapshot) -> None:
+    """Make sure this host's engine holds ``snapshot`` (a template named by its id) before forking it here.
+
+    A no-op when the engine already has it.  Otherwise its layers must come
+    from a host that holds them (``snapshot.hosts``) through the engine's
+    ``snapshots.export`` and ``snapshots.import``: that copy is not wired yet,
+    so a fork placed on a host without the snapshot fails with
+    ``snapshot_unavailable``.  Raises ``Unavailable`` if the engine does not answer.
+    """
+    try:
+        engine(host.engine_socket).call("templates.get", name=snapshot.id)
+    except engine_errors.TemplateNotFound:
+        pass
+    else:
+        snapshot.hosts.add(host)
+        return
+    # TODO(engine lead): copy the snapshot here from one of snapshot.hosts, then snapshot.hosts.add(host).
+    raise SnapshotNotOnHost(f"host {host.name} does not hold snapshot {snapshot.id}", snapshot=snapshot.id, host=host.name)
+
+
+def _snapshots_missing(host: Host, rows: list[Sandbox]) -> dict[str, engine_errors.EngineError]:
+    """Ensure every snapshot these rows fork is on this host; the ones that cannot be, with why."""
+    missing: dict[str, engine_errors.EngineError] = {}
+    for snapshot in Snapshot.objects.filter(pk__in={row.snapshot_id for row in rows if row.snapshot_id}):
+        try:
+            ensure_snapshot_on_host(host, snapshot)
+        except engine_errors.Unavailable:
+            raise  # the whole chunk is retried
+        except engine_errors.EngineError as error:
+            missing[snapshot.id] = error
+    return missing
+
+
 def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
     """Ensure these sandboxes run on this host."""
     Sandbox.objects.filter(id__in=sandbox_ids, host=host, state=Sandbox.State.QUEUED).update(
@@ -96,10 +135,15 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
     )
     rows = list(Sandbox.objects.filter(id__in=sandbox_ids, host=host, state__in=[Sandbox.State.CREATING, Sandbox.State.STOPPING]))
     sizes = engine(host.engine_socket).info().get("sizes", {})
+    missing = _snapshots_missing(host, rows)
     counts = {"running": 0, "failed": 0, "destroyed": 0}
 
     def one(sandbox: Sandbox) -> str:
         client = engine(host.engine_socket)
+        unavailable = missing.get(sandbox.snapshot_id or "")
+        if unavailable is not None:
+            mark_ended(sandbox, Sandbox.State.FAILED, code=unavailable.code, message=unavailable.message)
+            return "failed"
         try:
             record = client.create(**_create_args(sandbox, sizes))
         except engine_errors.Unavailable:
@@ -286,6 +330,7 @@ def reconcile(host: Host) -> dict[str, int]:
         enqueue_take_down(host, stopping)
         counts["requeued"] += len(stopping)
     counts["billing_fixed"] = reconcile_billing(host)
+    counts["requeued"] += snapshots.requeue_stuck(host)
     return counts
 
 
@@ -296,6 +341,10 @@ def _claim_by_key(host: Host, engine_id: str, record: dict[str, Any]) -> str:
     after the command that asked for it died, so we record it now rather than
     make it again; "orphan": nobody's (destroy it).
     """
+    if record.get("state") == "creating":
+        # Its create is still running in the engine (a fork waits for its snapshot's
+        # services to answer): whoever asked records it, or the next pass judges it.
+        return "kept"
     key = record.get("key")
     row = Sandbox.objects.filter(pk=key, host=host).first() if key else None
     if row is None or row.state not in Sandbox.LIVE:
@@ -305,6 +354,10 @@ def _claim_by_key(host: Host, engine_id: str, record: dict[str, Any]) -> str:
     if row.engine_id:
         return "orphan"  # a second sandbox for one row: the recorded one stands
     if row.state in (Sandbox.State.QUEUED, Sandbox.State.CREATING):
+        if row.updated_at >= _stuck_before():
+            # Its command may still be at work (a fork's create returns only once its
+            # services answer, and the engine lists it before): that worker records it.
+            return "kept"
         Sandbox.objects.filter(pk=row.pk, state=Sandbox.State.QUEUED).update(state=Sandbox.State.CREATING)
         return (
             "adopted" if mark_running(row, record) or Sandbox.objects.filter(pk=row.pk, engine_id=engine_id).exists() else "kept"
@@ -353,9 +406,14 @@ def host_heartbeat(name: str, socket_path: str) -> Host:
             "last_heartbeat": now,
         },
     )
+    held = []
     for template in engine(socket_path).call("templates.list")["templates"]:
+        if template.get("kind") == "snapshot":
+            held.append(template["name"])  # a team's snapshot, not a public template
+            continue
         row, _ = Template.objects.update_or_create(
             name=template["name"], team=None, defaults={"size_bytes": template["size_bytes"], "layers": template["layers"]}
         )
         row.hosts.add(host)
+    snapshots.sync_host(host, held)
     return host

@@ -17,7 +17,7 @@ from django.utils import timezone
 from console.models import Team
 
 from .models import Launch, NetworkPolicy, Sandbox, Snapshot, Template
-from .selectors import with_label
+from .selectors import with_forks_alive, with_label
 
 PAGE_SIZE = 50
 Row = TypeVar("Row")
@@ -100,9 +100,7 @@ def launch_sandboxes(launch: Launch, after_index: int | None, limit: int = PAGE_
 
 
 def snapshots_page(team: Team, cursor: str | None) -> Page[Snapshot]:
-    forks = Count("sandboxes", filter=Q(sandboxes__state__in=Sandbox.LIVE))
-    rows = Snapshot.objects.filter(team=team).exclude(state=Snapshot.State.DELETED).annotate(forks_alive=forks)
-    return keyset_page(rows, cursor)
+    return keyset_page(with_forks_alive(Snapshot.objects.filter(team=team).exclude(state=Snapshot.State.DELETED)), cursor)
 
 
 def templates_for(team: Team) -> list[Template]:

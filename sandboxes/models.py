@@ -91,6 +91,13 @@ class NetworkPolicy(models.Model):
 
 
 class Snapshot(models.Model):
+    """A sandbox's filesystem saved as a layer (and the services its forks start).
+
+    In the engine a snapshot is a template named by this row's id.  The row is
+    never removed: a deleted snapshot keeps its row (``deleted``) so that its
+    billed GiB-hours and the sandboxes forked from it still name it.
+    """
+
     class State(models.TextChoices):
         CREATING = "creating"
         READY = "ready"
@@ -106,18 +113,34 @@ class Snapshot(models.Model):
     state = models.CharField(max_length=10, choices=State.choices, default=State.CREATING)
     source_sandbox = models.ForeignKey("Sandbox", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
     parent = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="children")
-    template = models.CharField(max_length=64)
-    layer_id = models.CharField(max_length=80, blank=True)
-    size_bytes = models.PositiveBigIntegerField(default=0)
-    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.SET_NULL)
+    template = models.CharField(max_length=64)  # the root template under every layer
+    layer_id = models.CharField(max_length=80, blank=True)  # the engine's content address of its own layer
+    size_bytes = models.PositiveBigIntegerField(default=0)  # its own layer: what saved state bills
+    total_bytes = models.PositiveBigIntegerField(default=0)  # with every layer below it
+    paused_ms = models.FloatField(null=True, blank=True)  # how long the source sandbox was paused to take it
+    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.SET_NULL)  # where it was taken
+    hosts = models.ManyToManyField(Host, blank=True, related_name="snapshots_held")  # every host whose engine holds it
     services = models.JSONField(default=list)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
     ready_at = models.DateTimeField(null=True, blank=True)
     deleted_at = models.DateTimeField(null=True, blank=True)
-    error = models.CharField(max_length=255, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error = models.CharField(max_length=255, blank=True)  # the error's message
 
     class Meta:
-        indexes = [models.Index(fields=["team", "state"])]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["team", "idempotency_key"],
+                condition=models.Q(idempotency_key__isnull=False),
+                name="unique_snapshot_key_per_team",
+            )
+        ]
+        indexes = [models.Index(fields=["team", "state"]), models.Index(fields=["team", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.name})"
 
 
 class Launch(models.Model):

@@ -7,9 +7,15 @@ from datetime import datetime
 from typing import Any, Literal
 
 from ninja import Schema
-from pydantic import Field, field_validator
+from pydantic import Field, field_validator, model_validator
 
 LABEL_KEY = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-/]{0,62}$")
+# The engine's rules for services (sandboxes/engine/services.py), checked here first so
+# that a bad one is a 400 naming its field rather than a failed snapshot. A name
+# names the service's log in the sandbox: /var/log/forkyard/<name>.log.
+SERVICE_NAME = r"^[a-z0-9][a-z0-9_\-]{0,31}$"
+MAX_SERVICES = 8
+MAX_COMMAND = 4096
 
 
 def _check_labels(labels: dict[str, str]) -> dict[str, str]:
@@ -188,17 +194,88 @@ class TemplateOut(Schema):
     hosts: list[str]
 
 
+class HttpCheck(Schema):
+    port: int = Field(..., ge=1, le=65535)
+    path: str = Field("/", min_length=1, max_length=1024, pattern=r"^/[^\s\x00]*$")
+
+
+class ReadyCheck(Schema):
+    """Exactly one way to tell that a service answers."""
+
+    tcp: int | None = Field(None, ge=1, le=65535, description="ready once this port accepts a connection")
+    http: HttpCheck | None = Field(None, description="ready once GET http://127.0.0.1:<port><path> answers below 500")
+    exec: str | None = Field(None, min_length=1, max_length=MAX_COMMAND, description="ready once this shell command exits 0")
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> ReadyCheck:
+        given = [name for name in ("tcp", "http", "exec") if getattr(self, name) is not None]
+        if len(given) != 1:
+            raise ValueError("give exactly one of tcp, http or exec")
+        if self.exec is not None and ("\x00" in self.exec or not self.exec.strip()):
+            raise ValueError("exec: a non-empty command without NUL characters")
+        return self
+
+
+class ServiceIn(Schema):
+    """A long-running process every fork of the snapshot starts, and how to tell it is ready."""
+
+    name: str = Field(..., pattern=SERVICE_NAME, description="1-32 of a-z 0-9 _ -; its log is /var/log/forkyard/<name>.log")
+    command: str = Field(..., min_length=1, max_length=MAX_COMMAND, description="runs under /bin/sh -c, detached")
+    ready: ReadyCheck
+    timeout_s: float = Field(30, gt=0, le=300, description="a fork fails (service_not_ready) if not ready by then")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: str) -> str:
+        if "\x00" in value or not value.strip():
+            raise ValueError("a non-empty command without NUL characters")
+        return value
+
+
+def _check_services(services: list[ServiceIn]) -> list[ServiceIn]:
+    names = [service.name for service in services]
+    duplicate = next((name for name in names if names.count(name) > 1), None)
+    if duplicate is not None:
+        raise ValueError(f"service {duplicate!r} is named twice")
+    return services
+
+
+class SnapshotCreate(Schema):
+    name: str = Field(..., min_length=1, max_length=100, description="for people; the snapshot's id is what forks name")
+    labels: dict[str, str] = Field(default_factory=dict)
+    services: list[ServiceIn] = Field(default_factory=list, max_length=MAX_SERVICES)
+    idempotency_key: str | None = Field(None, max_length=255, description="a retry with the same key takes no second snapshot")
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, value: dict[str, str]) -> dict[str, str]:
+        return _check_labels(value)
+
+    @field_validator("services")
+    @classmethod
+    def _services(cls, value: list[ServiceIn]) -> list[ServiceIn]:
+        return _check_services(value)
+
+
 class SnapshotOut(Schema):
     id: str
     name: str
-    state: str
-    template: str
-    parent: str | None
-    size_bytes: int
+    state: str = Field(..., description="creating, ready, failed or deleted")
+    template: str = Field(..., description="the root template under its layers")
+    parent: str | None = Field(..., description="the snapshot its source sandbox was forked from, if any")
+    layer_id: str = Field(..., description="content address of its own layer (empty until ready)")
+    size_bytes: int = Field(..., description="bytes of its own layer: what saved state bills, per GiB-hour")
+    total_bytes: int
+    services: list[ServiceIn]
     labels: dict[str, str]
+    source_sandbox: str | None
+    host: str | None
     created_at: datetime
     ready_at: datetime | None
-    forks_alive: int
+    deleted_at: datetime | None
+    paused_ms: float | None = Field(..., description="how long the source sandbox was paused while it was taken")
+    forks_alive: int = Field(..., description="live sandboxes forked from it (queued, creating, running, paused, stopping)")
+    error: ErrorInfo | None
 
 
 class EgressRule(Schema):

@@ -31,7 +31,9 @@ def launch_for(team: Team, launch_id: str) -> Launch:
 
 
 def snapshot_for(team: Team, snapshot_id: str) -> Snapshot:
-    snapshot = Snapshot.objects.filter(team=team, pk=snapshot_id).exclude(state=Snapshot.State.DELETED).first()
+    snapshot = (
+        Snapshot.objects.select_related("host").filter(team=team, pk=snapshot_id).exclude(state=Snapshot.State.DELETED).first()
+    )
     if snapshot is None:
         raise not_found("snapshot", snapshot_id)
     return snapshot
@@ -67,7 +69,7 @@ def sandbox_out(sandbox: Sandbox) -> dict[str, Any]:
     }
 
 
-def with_label(rows: QuerySet[Sandbox], label: str) -> QuerySet[Sandbox]:
+def with_label(rows: QuerySet[Any], label: str) -> QuerySet[Any]:
     """Filter by ``key=value`` or ``key`` (any value).
 
     The key is a JSON key taken literally (KeyTextTransform), never spliced
@@ -147,18 +149,51 @@ def launch_out(launch: Launch) -> dict[str, Any]:
     }
 
 
+def with_forks_alive(rows: QuerySet[Snapshot]) -> QuerySet[Snapshot]:
+    """Each snapshot with ``forks_alive``, its live forks, counted by the database (no query per row)."""
+    return rows.annotate(forks_alive=Count("sandboxes", filter=Q(sandboxes__state__in=Sandbox.LIVE)))
+
+
+def snapshots_page(team: Team, state: str | None, label: str | None, limit: int, before: str | None) -> list[Snapshot]:
+    """Newest first, keyset-paginated by id (``before``); deleted snapshots are not listed."""
+    rows = Snapshot.objects.select_related("host").filter(team=team).exclude(state=Snapshot.State.DELETED)
+    if state:
+        rows = rows.filter(state=state)
+    if label:
+        rows = with_label(rows, label)
+    if before:
+        anchor = rows.filter(pk=before).values_list("created_at", flat=True).first()
+        if anchor is None:
+            raise not_found("snapshot", before)
+        rows = rows.filter(Q(created_at__lt=anchor) | Q(created_at=anchor, id__lt=before))
+    return list(with_forks_alive(rows).order_by("-created_at", "-id")[:limit])
+
+
 def snapshot_out(snapshot: Snapshot) -> dict[str, Any]:
+    forks_alive = getattr(snapshot, "forks_alive", None)
+    if forks_alive is None:
+        forks_alive = Sandbox.objects.filter(snapshot=snapshot, state__in=Sandbox.LIVE).count()
     return {
         "id": snapshot.id,
         "name": snapshot.name,
         "state": snapshot.state,
         "template": snapshot.template,
         "parent": snapshot.parent_id,
+        "layer_id": snapshot.layer_id,
         "size_bytes": snapshot.size_bytes,
+        "total_bytes": snapshot.total_bytes,
+        "services": snapshot.services,
         "labels": snapshot.labels,
+        "source_sandbox": snapshot.source_sandbox_id,
+        "host": snapshot.host.name if snapshot.host_id and snapshot.host else None,
         "created_at": snapshot.created_at,
         "ready_at": snapshot.ready_at,
-        "forks_alive": Sandbox.objects.filter(snapshot=snapshot, state__in=Sandbox.LIVE).count(),
+        "deleted_at": snapshot.deleted_at,
+        "paused_ms": snapshot.paused_ms,
+        "forks_alive": forks_alive,
+        "error": {"code": snapshot.error_code or "snapshot_failed", "message": snapshot.error}
+        if snapshot.state == Snapshot.State.FAILED
+        else None,
     }
 
 

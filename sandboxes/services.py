@@ -17,11 +17,14 @@ from django.db import IntegrityError, transaction
 from django.db.models import Q
 from django.utils import timezone
 
-from billing.models import Price
-from console.errors import ApiError, unavailable
+from billing.models import Price, UsagePeriod
+from billing.services import usage_transition
+from console.errors import ApiError, from_engine, unavailable
 from console.models import ApiKey, Team, TeamLimits
+from sandboxes.engine.errors import EngineError
 
 from .models import Host, Launch, NetworkPolicy, Sandbox, Snapshot, Template
+from .snapshots import lock_ready
 
 ENGINE_SIZES = {"tiny": (1.0, 128), "default": (2.0, 4096)}
 log = logging.getLogger("forkyard.sandboxes")
@@ -170,6 +173,7 @@ def sandbox_create(*, team: Team, key: ApiKey | None, spec: CreateSpec) -> tuple
     host = choose_host(memory_mib=resolved.memory_mib)
     try:
         with transaction.atomic():
+            lock_ready(resolved.snapshot)
             sandbox = Sandbox.objects.create(
                 team=team,
                 api_key=key,
@@ -213,6 +217,39 @@ def _queue_or_fail(sandbox: Sandbox, enqueue: Callable[[], None]) -> None:
             error_message="the command could not be queued",
         )
         raise unavailable("the task broker is unavailable; try again shortly", code="broker_unavailable") from error
+
+
+def sandbox_record_pause(*, sandbox_id: str, state: str) -> Sandbox:
+    """After the engine paused (``state`` paused) or resumed (running) a sandbox: its row and its billing follow."""
+    now = timezone.now()
+    sandbox = Sandbox.objects.get(pk=sandbox_id)
+    moved = (
+        Sandbox.objects.filter(pk=sandbox_id, state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED])
+        .exclude(state=state)
+        .update(state=state, updated_at=now)
+    )
+    if moved:
+        kind = UsagePeriod.Kind.PAUSED if state == Sandbox.State.PAUSED else UsagePeriod.Kind.RUNNING
+        usage_transition(sandbox=sandbox, kind=kind, at=now)
+    return Sandbox.objects.select_related("host").get(pk=sandbox_id)
+
+
+def sandbox_pause(*, sandbox: Sandbox, paused: bool) -> Sandbox:
+    """Pause (or resume) a sandbox from a worker thread or a view: the engine, then the row.
+
+    The API does the same with its async engine pool (the interactive path).
+    """
+    if sandbox.state not in (Sandbox.State.RUNNING, Sandbox.State.PAUSED) or not sandbox.engine_id or sandbox.host is None:
+        raise ApiError(
+            "sandbox_not_running", f"sandbox {sandbox.id} is {sandbox.state}", status=409, details={"state": sandbox.state}
+        )
+    from .engine_link import engine
+
+    try:
+        engine(sandbox.host.engine_socket).call("pause" if paused else "resume", id=sandbox.engine_id)
+    except EngineError as error:
+        raise from_engine(error) from None
+    return sandbox_record_pause(sandbox_id=sandbox.id, state=Sandbox.State.PAUSED if paused else Sandbox.State.RUNNING)
 
 
 def sandbox_destroy(*, sandbox: Sandbox) -> Sandbox:
@@ -262,6 +299,7 @@ def launch_create(*, team: Team, key: ApiKey | None, spec: CreateSpec, count: in
         raise unavailable("no host is online to run sandboxes", code="no_capacity")
     try:
         with transaction.atomic():
+            lock_ready(resolved.snapshot)
             launch = Launch.objects.create(
                 team=team,
                 api_key=key,

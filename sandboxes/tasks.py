@@ -35,6 +35,22 @@ def ensure_gone(self: Any, host_name: str, sandbox_ids: list[str]) -> int:
     return lifecycle.take_down(host, sandbox_ids)
 
 
+@shared_task(bind=True, autoretry_for=(Unavailable,), retry_backoff=1, retry_backoff_max=30, max_retries=20, **COMMAND)
+def ensure_snapshot_saved(self: Any, host_name: str, snapshot_id: str) -> str:
+    from .snapshots import snapshot_take
+
+    host = Host.objects.get(name=host_name)
+    return snapshot_take(host, snapshot_id)
+
+
+@shared_task(bind=True, autoretry_for=(Unavailable,), retry_backoff=1, retry_backoff_max=30, max_retries=50, **COMMAND)
+def ensure_snapshot_gone(self: Any, host_name: str, snapshot_id: str) -> bool:
+    from .snapshots import snapshot_forget
+
+    host = Host.objects.get(name=host_name)
+    return snapshot_forget(host, snapshot_id)
+
+
 @shared_task(**COMMAND)
 def dispatch_launch(launch_id: str, env: dict[str, str]) -> int:
     from .services import enqueue_bring_up
