@@ -71,7 +71,7 @@ def usage(team: Team, start: datetime, end: datetime, group_by: str = "size") ->
     elif group_by == "key":
         columns.append("api_key__name")
     elif group_by.startswith("label:"):
-        rows = rows.alias(label_value=KeyTextTransform(group_by[6:], "labels"))
+        rows = rows.annotate(label_value=KeyTextTransform(group_by[6:], "labels"))
         columns.append("label_value")
     for window_start, window_end, day_name in windows:
         measured = (

@@ -99,20 +99,31 @@ def _unauthorized(request: HttpRequest, error: AuthenticationError) -> HttpRespo
 
 
 TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
+SOURCES = ("body", "query", "path", "header", "cookie")
 
 
 def _structural(part: object) -> bool:
     """Parts of a pydantic error location that are not the caller's field names:
-    where it came from (body, query...) and which member of a union was tried."""
+    which member of a union was tried."""
     text = str(part)
-    return text in ("body", "payload", "query", "path") or text in TYPE_TAGS or "[" in text or text.startswith("function-")
+    return text in TYPE_TAGS or "[" in text or text.startswith("function-")
+
+
+def _field_of(location: list[object]) -> str | None:
+    """``services.0.ready.http.path`` from ``("body", "payload", "services", 0, ...)``: where the
+    value came from (body, query...) leads the location; a field may itself be named ``path``."""
+    parts = [str(part) for part in location]
+    if parts and parts[0] in SOURCES:
+        source = parts.pop(0)
+        if source == "body" and parts[:1] == ["payload"]:
+            parts.pop(0)  # the name of the view's body argument
+    return ".".join(part for part in parts if not _structural(part)) or None
 
 
 @api.exception_handler(ValidationError)
 def _invalid(request: HttpRequest, error: ValidationError) -> HttpResponse:
     first = error.errors[0] if error.errors else {}
-    location = [str(part) for part in first.get("loc", []) if not _structural(part)]
-    field = ".".join(location) or None
+    field = _field_of(list(first.get("loc", [])))
     message = first.get("msg", "invalid input")
     return error_response(
         request,

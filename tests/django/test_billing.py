@@ -66,3 +66,19 @@ def test_explicit_sizes_are_priced_from_their_shape(sandbox):
     sandbox.save()
     period = usage_transition(sandbox=sandbox, kind="running", at=timezone.now())
     assert period.unit_price == Decimal("0.018")  # the same as the default size's card
+
+
+def test_saved_state_is_billed_per_gib_hour_until_deleted_and_grouped_by_label(sandbox):
+    from billing.services import saved_state_transition
+    from sandboxes.models import Snapshot
+
+    snapshot = Snapshot.objects.create(team=sandbox.team, name="s", template="base", labels={"case": "kept"}, size_bytes=2**31)
+    start = timezone.now() - timedelta(hours=3)
+    saved_state_transition(snapshot=snapshot, gib=Decimal(2), at=start)
+    saved_state_transition(snapshot=snapshot, gib=None, at=start + timedelta(hours=1))  # deleted
+    period = UsagePeriod.objects.get(snapshot=snapshot)
+    assert period.kind == "saved_state" and period.duration_ms == 3_600_000
+    assert period.amount == Decimal("0.0004")  # 2 GiB for an hour at $0.0002 per GiB-hour
+    report = usage(sandbox.team, start - timedelta(hours=1), timezone.now(), "label:case")
+    assert {line["group"]: line["seconds"] for line in report["lines"]} == {"kept": 3600.0}
+    assert usage(sandbox.team, start - timedelta(hours=1), timezone.now())["lines"][0]["group"] == "saved_state"
