@@ -27,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from . import execution, faults, rootfs
+from . import execution, faults, rootfs, services
 from .cgroups import PREFIX, Cgroups, Limits, detect
 from .config import MEBIBYTE, EngineConfig, Size
 from .errors import (
@@ -44,6 +44,7 @@ from .kernel import PR_SET_CHILD_SUBREAPER, Kernel, KernelError
 from .native import BUILD_DIR, build_init
 from .pool import WarmPools, parse_targets
 from .recovery import RecoveryReport, init_alive, kill_init, reconcile
+from .snapshots import Snapshots
 from .spawner_client import SpawnerClient
 from .store import LIVE_STATES, SandboxRecord, Store, open_store
 from .templates import Templates, layer_directory_name
@@ -114,6 +115,7 @@ class Engine:
         self.busy: dict[str, asyncio.Future[None]] = {}  # sandbox id -> create/destroy in flight
         self.spawner = SpawnerClient(config, self._init_exited)
         self.pools = WarmPools(self, parse_targets(config.warm_pools))
+        self.snapshots = Snapshots(self)
         self.recovery: RecoveryReport | None = None
         self.started_at = time.time()
         self.counters = {"created": 0, "destroyed": 0, "create_failed": 0, "execs": 0, "ttl_expired": 0, "died": 0}
@@ -475,6 +477,8 @@ class Engine:
             self.store.put_sandbox(record)
             faults.reached("create:recorded")
             await self._bring_up(record)
+            if template.services:
+                await self._start_services(record, template.services)
         except BaseException as error:
             self.sandboxes.pop(record.id, None)
             record.state, record.ended_at = "destroyed", time.time()
@@ -523,6 +527,41 @@ class Engine:
         self._track(record)
         self.store.put_sandbox(record)
 
+    async def _start_services(self, record: SandboxRecord, wanted: list[dict[str, Any]]) -> None:
+        """Start a snapshot's services and wait until each answers; on failure
+        the sandbox goes (the caller records the failed create)."""
+        proc = str(self.config.proc_dir)
+
+        async def run(command: str) -> int:
+            request = self.parse_exec(record, {"cmd": command, "timeout_s": 5, "max_output_bytes": 0})
+            return (await execution.run(record.socket_path, request)).exit_code
+
+        try:
+            for service in wanted:
+                request = self.parse_exec(
+                    record, {"cmd": services.start_argv(service), "timeout_s": 10, "max_output_bytes": 4096}
+                )
+                started = await execution.run(record.socket_path, request)
+                if started.exit_code != 0:
+                    raise services.ServiceNotReady(
+                        f"service {service['name']!r} did not start: {started.stderr.decode(errors='replace')[:500]}",
+                        service=service["name"],
+                    )
+            await asyncio.gather(
+                *(
+                    services.wait_ready(service, lambda: services.netns_socket(self.kernel, proc, record.pid), run)
+                    for service in wanted
+                )
+            )
+        except BaseException:
+            timer = self.timers.pop(record.id, None)
+            if timer:
+                timer.cancel()
+            self.by_pid.pop(record.pid, None)
+            await self._kill_and_wait(record, False)
+            self._release(record)
+            raise
+
     # --- destroy ---------------------------------------------------------------------
 
     async def destroy(self, sandbox_id: Any, reason: str = "destroyed") -> dict[str, Any]:
@@ -559,6 +598,7 @@ class Engine:
             self.sandboxes.pop(record.id, None)
             self.by_pid.pop(record.pid, None)
             self.counters["destroyed"] += 1
+            self._collect_orphan_layers(record.layers)
         finally:
             self.busy.pop(record.id, None)
             done.set_result(None)
@@ -699,6 +739,11 @@ class Engine:
     def layers_in_use(self, layers: list[str]) -> bool:
         wanted = set(layers)
         return any(wanted & set(record.layers) for record in self.sandboxes.values())
+
+    def _collect_orphan_layers(self, layers: list[str]) -> None:
+        """The last sandbox on a deleted snapshot's layers is gone: so are they."""
+        if not set(layers) <= self.templates.referenced_layers():
+            self.templates.collect_layers(self.layers_in_use)
 
     def delete_template(self, name: Any) -> None:
         if not isinstance(name, str):

@@ -97,6 +97,13 @@ class TemplateImportFailed(EngineError):
     status = 422
 
 
+class ServiceNotReady(EngineError):
+    """A snapshot's service did not answer its readiness check in time."""
+
+    code = "service_not_ready"
+    status = 504
+
+
 class Unavailable(EngineError):
     code = "engine_unavailable"
     status = 503

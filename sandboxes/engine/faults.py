@@ -16,6 +16,11 @@ STEPS = (
     "destroy:recorded",  # record says destroying; init alive
     "destroy:killed",  # init dead; cgroup and socket remain
 )
+SNAPSHOT_STEPS = (
+    "snapshot:copied",  # a half-made layer in .incoming-*; the sandbox runs
+    "snapshot:frozen",  # likewise, and the sandbox frozen though its record says running
+    "snapshot:layer",  # the layer in place; no record names it yet
+)
 
 _crash_at = os.environ.get("FORKYARD_ENGINE_CRASH_AT", "")
 

@@ -192,6 +192,11 @@ class Kernel:
         if _libc.syscall(_NUMBERS["pidfd_send_signal"], pidfd, signal_number, None, 0) != 0:
             raise _fail("pidfd_send_signal", f"pidfd {pidfd}")
 
+    def setns(self, fd: int, nstype: int) -> None:
+        """Move this thread into the namespace ``fd`` names (a network namespace is per thread)."""
+        if _libc.setns(fd, nstype) != 0:
+            raise _fail("setns", str(nstype))
+
     def openat2(self, dir_fd: int, path: str | bytes, flags: int, resolve: int, mode: int = 0) -> int:
         how = _OpenHow(flags | os.O_CLOEXEC, mode if flags & os.O_CREAT else 0, resolve)
         fd = _libc.syscall(_NUMBERS["openat2"], dir_fd, _encode(path), ctypes.byref(how), ctypes.sizeof(how))

@@ -137,6 +137,13 @@ def reconcile(
             continue
         if record.state not in LIVE_STATES:
             continue
+        if record.state == "running" and adopt:
+            # A running sandbox is never frozen: a crash between a snapshot's
+            # freeze and thaw left it so (and its init could not answer).
+            try:
+                cgroups.freeze(record.cgroup, False)
+            except Exception:  # noqa: BLE001 - no cgroup: the checks below decide
+                pass
         healthy = (
             adopt
             and record.state in ("running", "paused")

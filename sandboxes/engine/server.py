@@ -364,6 +364,33 @@ async def op_templates_build_base(call: Call) -> Any:
     return vars(await asyncio.to_thread(build))
 
 
+async def op_snapshots_create(call: Call) -> Any:
+    loop = asyncio.get_running_loop()
+    loop_thread = threading.get_ident()
+
+    def progress(event: dict[str, Any]) -> None:
+        message = {"event": "progress", **event}
+        if threading.get_ident() == loop_thread:
+            call.event(message)  # now: a scheduled write could follow the answer
+        else:
+            loop.call_soon_threadsafe(call.event, message)
+
+    return vars(await call.engine.snapshots.take(call.args, progress))
+
+
+async def op_snapshots_export(call: Call) -> Any:
+    produce = call.engine.snapshots.export_stream(call.args.get("name"), call.args.get("have", []))
+    await call.stream_from_thread(lambda: produce)
+
+
+async def op_snapshots_import(call: Call) -> Any:
+    assert call.body is not None
+    loop = asyncio.get_running_loop()
+    body = call.body
+    stream = _BodyFile(body.blocking_chunks(loop))
+    return vars(await asyncio.to_thread(call.engine.snapshots.import_stream, stream))  # type: ignore[arg-type]
+
+
 OPS: dict[str, Handler] = {
     "ping": op_ping,
     "info": op_info,
@@ -390,8 +417,11 @@ OPS: dict[str, Handler] = {
     "templates.delete": op_templates_delete,
     "templates.import": op_templates_import,
     "templates.build_base": op_templates_build_base,
+    "snapshots.create": op_snapshots_create,
+    "snapshots.export": op_snapshots_export,
+    "snapshots.import": op_snapshots_import,
 }
-BODY_OPS = {"files.write", "files.upload"}
+BODY_OPS = {"files.write", "files.upload", "snapshots.import"}
 
 
 class EngineServer:

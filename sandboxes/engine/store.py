@@ -137,8 +137,15 @@ class TemplateRecord:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str = "/"
     source: str = ""
-    size_bytes: int = 0
+    size_bytes: int = 0  # a template: all of it; a snapshot: its own new layer (what saved state bills)
     created_at: float = 0.0
+    # Snapshots (a snapshot is a template whose top layer came out of a sandbox):
+    kind: str = "template"  # or "snapshot"
+    parent: str = ""  # the template or snapshot it was taken from
+    services: list[dict[str, Any]] = field(default_factory=list)
+    total_bytes: int = 0  # every layer below it too
+    files: int = 0  # entries in its own layer
+    paused_ms: float = 0.0  # how long the sandbox was frozen for it
 
     @classmethod
     def from_json(cls, raw: str) -> TemplateRecord:

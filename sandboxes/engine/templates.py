@@ -22,7 +22,6 @@ Import, in the order the code runs it:
 
 from __future__ import annotations
 
-import hashlib
 import io
 import json
 import os
@@ -37,6 +36,7 @@ from typing import IO, Any
 
 from .config import EngineConfig
 from .errors import InvalidRequest, TemplateExists, TemplateImportFailed, TemplateNotFound
+from .layers import tree_digest
 from .store import Store, TemplateRecord
 from .trees import IdShift, Tree
 
@@ -88,13 +88,15 @@ def host_tree_stream(source: Path) -> IO[bytes]:
     return io.BufferedReader(_ChunkReader(chunks()), buffer_size=1 << 20)
 
 
-def _digest(tree: Tree) -> tuple[str, int]:
-    digest = hashlib.sha256()
-    size = 0
-    for chunk in tree.tar_chunks("."):
-        digest.update(chunk)
-        size += len(chunk)
-    return "sha256:" + digest.hexdigest(), size
+def _digest(directory: Path, shift: IdShift) -> tuple[str, int]:
+    """A layer's content address, the same way snapshot layers get theirs (no
+    times in it: the same image imported on two hosts is the same layer)."""
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        summary = tree_digest(fd, shift)
+    finally:
+        os.close(fd)
+    return summary.digest, summary.total_bytes
 
 
 def layer_directory_name(layer_id: str) -> str:
@@ -173,6 +175,17 @@ class Templates:
         self.config = config
         self.store = store
         self.shift = IdShift(config.uid_base, config.uid_count)
+        self._referenced: set[str] | None = None
+
+    def put(self, record: TemplateRecord) -> None:
+        self.store.put_template(record)
+        self._referenced = None
+
+    def referenced_layers(self) -> set[str]:
+        """Every layer some template or snapshot names (cached until one changes)."""
+        if self._referenced is None:
+            self._referenced = {layer for template in self.store.templates() for layer in template.layers}
+        return self._referenced
 
     def get(self, name: str) -> TemplateRecord:
         for record in self.store.templates():
@@ -189,12 +202,13 @@ class Templates:
     def delete(self, name: str, in_use: Callable[[list[str]], bool]) -> None:
         record = self.get(name)
         self.store.delete_template(name)
+        self._referenced = None
         self.collect_layers(in_use)
         del record
 
     def collect_layers(self, in_use: Callable[[list[str]], bool]) -> int:
         """Remove layers no template (and no live sandbox) refers to."""
-        referenced = {layer for template in self.store.templates() for layer in template.layers}
+        referenced = self.referenced_layers()
         removed = 0
         for layer_id in self.store.layers():
             if layer_id in referenced or in_use([layer_id]):
@@ -248,7 +262,7 @@ class Templates:
                 for directory, mode in REQUIRED_DIRECTORIES.items():
                     self._ensure_directory(tree, directory, mode)
                 report({"phase": "digest"})
-                layer_id, size = _digest(tree)
+                layer_id, size = _digest(incoming, self.shift)
             finally:
                 os.close(fd)
             final = self.layer_path(layer_id)
@@ -269,7 +283,7 @@ class Templates:
             size_bytes=size,
             created_at=time.time(),
         )
-        self.store.put_template(record)
+        self.put(record)
         report({"phase": "done", "layer": layer_id, "size_bytes": size, "seconds": round(time.monotonic() - started, 3)})
         return record
 

@@ -1,0 +1,334 @@
+"""Snapshots in the engine: a sandbox's changes become a layer; forks start from it."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from sandboxes.engine import errors, faults
+from sandboxes.engine.client import EngineClient
+from sandboxes.engine.layers import tree_digest
+from sandboxes.engine.snapshots import FLATTEN_AT
+from sandboxes.engine.templates import layer_directory_name
+from sandboxes.engine.trees import IdShift
+from tests.engine.engines import separate_engine
+from tests.support.engine import EngineProcess
+from tests.support.leaks import snapshot_host
+
+pytestmark = pytest.mark.root
+
+HTTPD = {"name": "web", "command": "httpd -f -p 8080 -h /srv", "ready": {"tcp": 8080}}
+
+
+def _name(prefix: str = "snap") -> str:
+    return f"{prefix}-{os.urandom(4).hex()}"
+
+
+@pytest.fixture
+def made(engine: EngineClient) -> Iterator[list[str]]:
+    """Sandboxes and snapshots a test makes, removed after it."""
+    names: list[str] = []
+    yield names
+    for name in reversed(names):
+        try:
+            if name.startswith("sb-"):
+                engine.destroy(name)
+            else:
+                engine.call("templates.delete", name=name)
+        except errors.EngineError:
+            pass
+
+
+def _create(engine: EngineClient, made: list[str], template: str = "base") -> str:
+    sandbox = engine.create(template=template, size="tiny", ttl_s=600)["id"]
+    made.append(sandbox)
+    return sandbox
+
+
+def _run(engine: EngineClient, sandbox: str, command: str) -> str:
+    result = engine.exec(sandbox, command)
+    assert result.exit_code == 0, (command, result)
+    return result.stdout.decode()
+
+
+def test_a_fork_has_the_changes_and_its_writes_stay_its_own(engine: EngineClient, made: list[str]) -> None:
+    source = _create(engine, made)
+    _run(
+        engine,
+        source,
+        "mkdir -p /work/tree && cd /work/tree && for i in $(seq 1 2000); do echo file $i > f$i; done"
+        " && rm -rf /etc && mkdir /etc && echo only > /etc/only && rm /bin/ls && ln -s /etc/only /work/link"
+        " && mkfifo /work/fifo && chmod 4755 /work/tree/f1 && chown 1000:1000 /work/tree/f2",
+    )
+    name = _name()
+    snapshot = engine.call("snapshots.create", sandbox=source, name=name)
+    made.append(name)
+    assert snapshot["kind"] == "snapshot" and snapshot["parent"] == "base"
+    assert snapshot["layers"][0].startswith("sha256:") and len(snapshot["layers"]) == 2
+    assert snapshot["files"] >= 2000 and snapshot["size_bytes"] > 2000 * 7
+    assert engine.call("snapshots.create", sandbox=source, name=name)["layers"] == snapshot["layers"], "a replay"
+
+    forks = [_create(engine, made, name) for _ in range(3)]
+    for fork in forks:
+        assert _run(engine, fork, "ls /work/tree | wc -l").strip() == "2000"
+        assert _run(engine, fork, "cat /work/tree/f1999") == "file 1999\n"
+        assert _run(engine, fork, "ls /etc") == "only\n", "a directory deleted and made again hides the template's"
+        assert engine.exec(fork, "test -e /bin/ls").exit_code == 1, "a deleted file stays deleted"
+        assert _run(engine, fork, "readlink /work/link; test -p /work/fifo && echo fifo") == "/etc/only\nfifo\n"
+        assert _run(engine, fork, "stat -c '%a %u:%g' /work/tree/f1 /work/tree/f2") == "4755 0:0\n644 1000:1000\n"
+    _run(engine, forks[0], "echo mine > /work/tree/f1 && echo new > /work/new")
+    assert _run(engine, forks[1], "cat /work/tree/f1; ls /work") == "file 1\nfifo\nlink\ntree\n"
+    assert _run(engine, source, "cat /work/tree/f1") == "file 1\n"
+    later = _create(engine, made, name)
+    assert engine.exec(later, "test -e /work/new").exit_code == 1
+
+
+def test_the_layer_id_is_its_content(engine: EngineClient, made: list[str], engine_process: EngineProcess) -> None:
+    source = _create(engine, made)
+    _run(engine, source, "mkdir /data && echo same > /data/a && ln -s a /data/b")
+    first = engine.call("snapshots.create", sandbox=source, name=_name())
+    made.append(first["name"])
+    layer = first["layers"][0]
+    config = engine_process.config
+    fd = os.open(config.layers_dir / layer_directory_name(layer), os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert tree_digest(fd, IdShift(config.uid_base, config.uid_count)).digest == layer
+    finally:
+        os.close(fd)
+    other = _create(engine, made)
+    _run(engine, other, "mkdir /data && echo same > /data/a && ln -s a /data/b")
+    second = engine.call("snapshots.create", sandbox=other, name=_name())
+    made.append(second["name"])
+    assert second["layers"][0] == layer, "the same changes give the same layer"
+
+
+def test_a_snapshot_of_a_running_sandbox_pauses_it_briefly(engine: EngineClient, made: list[str]) -> None:
+    source = _create(engine, made)
+    _run(engine, source, "dd if=/dev/urandom of=/big bs=1M count=64 2>/dev/null")
+    events: list[dict] = []
+    snapshot, _ = engine.stream("snapshots.create", {"sandbox": source, "name": _name()}, on_event=events.append)
+    made.append(snapshot["name"])
+    paused = [event for event in events if event.get("phase") == "paused"]
+    assert paused and paused[0]["copied_bytes"] >= 64 << 20 and paused[0]["recopied_bytes"] == 0
+    assert snapshot["paused_ms"] < 500, "the frozen pass copies nothing that did not change"
+    assert engine.get(source)["state"] == "running"
+    fork = _create(engine, made, snapshot["name"])
+    assert _run(engine, fork, "md5sum /big").split()[0] == _run(engine, source, "md5sum /big").split()[0]
+
+
+def test_services_start_in_every_fork_before_it_is_handed_over(engine: EngineClient, made: list[str]) -> None:
+    source = _create(engine, made)
+    _run(engine, source, "mkdir -p /srv && echo hello from the snapshot > /srv/index.html")
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name(), services=[HTTPD])
+    made.append(snapshot["name"])
+    assert snapshot["services"][0]["ready"] == {"tcp": 8080}
+    for _ in range(3):
+        fork = _create(engine, made, snapshot["name"])
+        # No retry: the create returned, so the service answers now.
+        assert _run(engine, fork, "wget -qO- http://127.0.0.1:8080/") == "hello from the snapshot\n"
+
+
+def test_a_service_that_never_answers_fails_the_create(engine: EngineClient, made: list[str]) -> None:
+    source = _create(engine, made)
+    broken = {"name": "late", "command": "sleep 600", "ready": {"tcp": 9}, "timeout_s": 0.5}
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name(), services=[broken])
+    made.append(snapshot["name"])
+    before = {item["id"] for item in engine.list()}
+    with pytest.raises(errors.ServiceNotReady) as raised:
+        engine.create(template=snapshot["name"], size="tiny", ttl_s=60)
+    assert raised.value.details["service"] == "late"
+    assert {item["id"] for item in engine.list()} == before, "the failed fork is gone"
+
+
+@pytest.mark.parametrize(
+    "services,field",
+    [
+        ("web", "services"),
+        ([{"name": "Web!", "command": "x", "ready": {"tcp": 1}}], "services.0.name"),
+        ([{"name": "w", "command": "", "ready": {"tcp": 1}}], "services.0.command"),
+        ([{"name": "w", "command": "x", "ready": {"tcp": 70000}}], "services.0.ready.tcp"),
+        ([{"name": "w", "command": "x", "ready": {"smtp": 25}}], "services.0.ready"),
+        ([{"name": "w", "command": "x", "ready": {"http": {"port": 80, "path": "no-slash"}}}], "services.0.ready.http.path"),
+        ([{"name": "w", "command": "x", "ready": {"tcp": 1}, "timeout_s": 0}], "services.0.timeout_s"),
+    ],
+)
+def test_bad_services_are_refused(engine: EngineClient, sandbox: str, services: object, field: str) -> None:
+    with pytest.raises(errors.InvalidRequest) as raised:
+        engine.call("snapshots.create", sandbox=sandbox, name=_name(), services=services)
+    assert raised.value.details["field"] == field
+
+
+def test_bad_snapshot_requests(engine: EngineClient, sandbox: str) -> None:
+    with pytest.raises(errors.SandboxNotFound):
+        engine.call("snapshots.create", sandbox="sb-nope", name=_name())
+    with pytest.raises(errors.InvalidRequest):
+        engine.call("snapshots.create", sandbox=sandbox, name="Bad Name")
+    with pytest.raises(errors.TemplateExists):
+        engine.call("snapshots.create", sandbox=sandbox, name="base")
+    with pytest.raises(errors.TemplateNotFound):
+        engine.create(template="snap-never-made", size="tiny")
+
+
+def test_pause_stops_cpu_use(engine: EngineClient, sandbox: str, engine_process: EngineProcess) -> None:
+    engine.exec(sandbox, "sh -c 'while :; do :; done' >/dev/null 2>&1 &")
+    engine.call("pause", id=sandbox)
+    try:
+        first = engine.call("stats", id=sandbox)["cpu_usage_us"]
+        time.sleep(0.5)
+        assert engine.call("stats", id=sandbox)["cpu_usage_us"] - first < 5_000, "a paused sandbox runs nothing"
+    finally:
+        engine.call("resume", id=sandbox)
+    first = engine.call("stats", id=sandbox)["cpu_usage_us"]
+    time.sleep(0.5)
+    assert engine.call("stats", id=sandbox)["cpu_usage_us"] - first > 100_000, "resumed, the loop spins again"
+
+
+def test_snapshots_of_snapshots_flatten_when_deep(engine: EngineClient, made: list[str]) -> None:
+    """Each generation adds, changes and deletes; past FLATTEN_AT layers they merge into one."""
+    template = "base"
+    depths = []
+    for generation in range(FLATTEN_AT + 2):
+        sandbox = _create(engine, made, template)
+        _run(
+            engine,
+            sandbox,
+            f"mkdir -p /gen && echo {generation} > /gen/{generation} && echo {generation} > /gen/latest"
+            f" && rm -f /gen/{generation - 1} && rm -rf /opt && mkdir /opt && touch /opt/{generation}",
+        )
+        snapshot = engine.call("snapshots.create", sandbox=sandbox, name=_name(f"gen{generation}"))
+        made.append(snapshot["name"])
+        assert snapshot["parent"] == template
+        depths.append(len(snapshot["layers"]) - 1)
+        template = snapshot["name"]
+    # One more layer each generation, until one more would pass FLATTEN_AT: then one merged layer.
+    assert depths == [*range(1, FLATTEN_AT + 1), 1, 2]
+    fork = _create(engine, made, template)
+    last = FLATTEN_AT + 1
+    assert _run(engine, fork, "ls /gen; cat /gen/latest; ls /opt") == f"{last}\nlatest\n{last}\n{last}\n"
+    assert engine.exec(fork, "test -e /bin/busybox").exit_code == 0, "the template still shows through"
+
+
+def test_a_snapshot_holds_symlinks_not_what_they_point_to(engine: EngineClient, made: list[str], engine_process) -> None:
+    source = _create(engine, made)
+    _run(engine, source, "ln -s /etc/shadow /stolen && ln -s ../../../../../../etc /up && mkdir /d && ln -s / /d/root")
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name())
+    made.append(snapshot["name"])
+    layer = engine_process.config.layers_dir / layer_directory_name(snapshot["layers"][0])
+    assert os.readlink(layer / "stolen") == "/etc/shadow" and os.path.islink(layer / "up")
+    assert sorted(os.listdir(layer)) == ["d", "stolen", "up"]
+    fork = _create(engine, made, snapshot["name"])
+    assert _run(engine, fork, "readlink /stolen; readlink /d/root") == "/etc/shadow\n/\n"
+
+
+def test_a_snapshot_survives_an_engine_restart(work_dir: Path) -> None:
+    with separate_engine(work_dir / f"snap-restart-{os.urandom(3).hex()}") as engine_process:
+        with engine_process.client() as client:
+            source = client.create(template="base", size="tiny", ttl_s=600)["id"]
+            _run(client, source, "mkdir -p /srv && echo kept > /srv/index.html")
+            snapshot = client.call("snapshots.create", sandbox=source, name="kept", services=[HTTPD])
+            client.destroy(source)
+        engine_process.kill()
+        engine_process.start()
+        with engine_process.client() as client:
+            assert client.call("templates.get", name="kept")["layers"] == snapshot["layers"]
+            fork = client.create(template="kept", size="tiny", ttl_s=60)["id"]
+            assert _run(client, fork, "wget -qO- http://127.0.0.1:8080/") == "kept\n"
+            client.destroy(fork)
+
+
+@pytest.mark.parametrize("step", faults.SNAPSHOT_STEPS)
+def test_a_crash_while_snapshotting_loses_nothing(work_dir: Path, step: str) -> None:
+    with separate_engine(work_dir / f"snap-crash-{os.urandom(3).hex()}") as engine_process:
+        with engine_process.client() as client:
+            before = snapshot_host(engine_process)
+            source = client.create(template="base", size="tiny", ttl_s=600)["id"]
+            _run(client, source, "echo precious > /data")
+        engine_process.stop()
+        engine_process.start(crash_at=step)
+        with engine_process.client(timeout_s=30) as client:
+            with pytest.raises(errors.Unavailable):
+                client.call("snapshots.create", sandbox=source, name="interrupted")
+        assert engine_process.wait_exit() == 137
+        engine_process.start()
+        layers_dir = engine_process.config.layers_dir
+        with engine_process.client() as client:
+            recovery = client.info()["recovery"]
+            assert recovery["adopted_ids"] == [source], "the sandbox is adopted, thawed if the crash froze it"
+            assert _run(client, source, "cat /data") == "precious\n"
+            assert not [name for name in os.listdir(layers_dir) if name.startswith(".incoming-")]
+            with pytest.raises(errors.TemplateNotFound):
+                client.call("templates.get", name="interrupted")
+            retried = client.call("snapshots.create", sandbox=source, name="interrupted")
+            fork = client.create(template=retried["name"], size="tiny", ttl_s=60)["id"]
+            assert _run(client, fork, "cat /data") == "precious\n"
+            client.destroy(fork)
+            client.destroy(source)
+            client.call("templates.delete", name="interrupted")
+        assert snapshot_host(engine_process).leaks_since(before) == {}
+
+
+def test_a_snapshot_moves_to_another_host_checked_against_its_content(
+    work_dir: Path, engine: EngineClient, made: list[str]
+) -> None:
+    source = _create(engine, made)
+    _run(engine, source, "mkdir -p /srv/deep && echo moved > /srv/index.html && rm -rf /etc && mkdir /etc && touch /etc/x")
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name(), services=[HTTPD])
+    made.append(snapshot["name"])
+    with separate_engine(work_dir / f"snap-move-{os.urandom(3).hex()}") as other_process:
+        with other_process.client() as other:
+            have = [layer for template in other.call("templates.list")["templates"] for layer in template["layers"]]
+            result, chunks = engine.stream("snapshots.export", {"name": snapshot["name"], "have": have})
+            archive = b"".join(chunks or [])
+            assert archive, "the snapshot's own layer travels; the template's stays home"
+            tampered = archive.replace(b"moved\n", b"MOVED\n")
+            with pytest.raises(errors.InvalidRequest):
+                other.call("snapshots.import", body=tampered)
+            with pytest.raises(errors.TemplateNotFound):
+                other.call("templates.get", name=snapshot["name"])
+            imported = other.call("snapshots.import", body=archive)
+            assert imported["layers"] == snapshot["layers"]
+            fork = other.create(template=snapshot["name"], size="tiny", ttl_s=60)["id"]
+            assert _run(other, fork, "wget -qO- http://127.0.0.1:8080/; ls /etc") == "moved\nx\n"
+            other.destroy(fork)
+
+
+def test_deleting_a_snapshot_keeps_its_layer_until_the_last_fork_goes(
+    engine: EngineClient, made: list[str], engine_process
+) -> None:
+    source = _create(engine, made)
+    _run(engine, source, "echo unique-$RANDOM-$$ > /mark")
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name())
+    fork = _create(engine, made, snapshot["name"])
+    layer = engine_process.config.layers_dir / layer_directory_name(snapshot["layers"][0])
+    engine.call("templates.delete", name=snapshot["name"])
+    assert layer.is_dir(), "a live fork still mounts it"
+    assert _run(engine, fork, "cat /mark").startswith("unique-")
+    engine.destroy(fork)
+    assert not layer.exists(), "the last fork gone, the layer goes"
+
+
+def test_fork_a_hundred_with_a_tree_and_a_service(engine: EngineClient, made: list[str]) -> None:
+    source = _create(engine, made)
+    _run(
+        engine,
+        source,
+        "mkdir -p /srv/app && cd /srv/app && for d in $(seq 1 30); do mkdir m$d; for f in $(seq 1 100); do echo $d.$f > m$d/f$f; done; done"
+        " && echo ready > /srv/index.html",
+    )
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name(), services=[HTTPD])
+    made.append(snapshot["name"])
+    assert snapshot["files"] >= 3000
+    forks = [_create(engine, made, snapshot["name"]) for _ in range(100)]
+    for index, fork in enumerate(forks):
+        check = f"find /srv/app -type f | wc -l; cat /srv/app/m30/f100; wget -qO- http://127.0.0.1:8080/; echo {index} > /srv/app/m1/f1"
+        assert _run(engine, fork, check) == "3000\n30.100\nready\n"
+    for index, fork in enumerate(forks):
+        assert _run(engine, fork, "cat /srv/app/m1/f1") == f"{index}\n", "each fork's write is its own"
+    assert _run(engine, source, "cat /srv/app/m1/f1") == "1.1\n"
+    for fork in forks:
+        engine.destroy(fork)
+        made.remove(fork)
