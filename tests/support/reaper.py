@@ -103,10 +103,19 @@ class Reaper:
         self.path = os.path.join(tempfile.mkdtemp(prefix="fy-reaper-", dir="/tmp"), "reaper.sock")
         self.process = subprocess.Popen([sys.executable, __file__, self.path], stdin=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
-        while not os.path.exists(self.path):
+        while not self._listening():
             if time.monotonic() > deadline:
                 raise RuntimeError("the test reaper did not start")
             time.sleep(0.01)
+
+    def _listening(self) -> bool:
+        # The socket's path exists from bind(), a moment before listen(): connect to know.
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            try:
+                probe.connect(self.path)
+            except OSError:
+                return False
+        return True
 
     @classmethod
     def get(cls) -> Reaper:
