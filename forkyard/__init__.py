@@ -7,7 +7,8 @@ fy = Client()                          # FORKYARD_URL, FORKYARD_API_KEY
 sb = fy.sandboxes.create(template="base", size="tiny", ttl_s=600)
 r = sb.exec("python -V"); r.exit_code, r.stdout
 sb.files.write("/data/a.py", b"print(1)")
-launch = fy.launches.create(template="base", count=1000)
+snap = sb.snapshot(name="deps-installed")          # waits until it is ready
+launch = fy.launches.create(snapshot=snap.id, count=1000)
 for child in launch.wait(): ...
 sb.kill()
 ```
@@ -20,8 +21,8 @@ Needs only httpx: no Django.
 from ._http import RateLimit, RetryPolicy
 from ._pages import Page
 from ._version import __version__
-from .aio import AsyncClient, AsyncExecStream, AsyncLaunch, AsyncSandbox
-from .client import Client, ExecStream, Launch, Sandbox
+from .aio import AsyncClient, AsyncExecStream, AsyncLaunch, AsyncSandbox, AsyncSnapshot
+from .client import Client, ExecStream, Launch, Sandbox, Snapshot
 from .errors import (
     ConfigurationError,
     Conflict,
@@ -33,6 +34,7 @@ from .errors import (
     NotImplementedByServer,
     RateLimited,
     ServerError,
+    SnapshotFailed,
     Unauthorized,
     Unavailable,
     WaitTimeout,
@@ -47,16 +49,16 @@ from .models import (
     FileListing,
     LaunchProgress,
     NetworkPolicy,
-    Snapshot,
+    Service,
     Template,
     Usage,
     WhoAmI,
 )
 
 __all__ = [
-    "ApiKey", "AsyncClient", "AsyncExecStream", "AsyncLaunch", "AsyncSandbox", "Client", "ConfigurationError", "Conflict",
+    "ApiKey", "AsyncClient", "AsyncExecStream", "AsyncLaunch", "AsyncSandbox", "AsyncSnapshot", "Client", "ConfigurationError", "Conflict",
     "CreatedKey", "EgressRule", "ExecChunk", "ExecResult", "ExecStream", "FileEntry", "FileListing", "Forbidden", "ForkyardError",
     "InvalidRequest", "Launch", "LaunchProgress", "NetworkPolicy", "NoCapacity", "NotFound", "NotImplementedByServer", "Page",
-    "RateLimit", "RateLimited", "RetryPolicy", "Sandbox", "ServerError", "Snapshot", "Template", "Unauthorized", "Unavailable",
+    "RateLimit", "RateLimited", "RetryPolicy", "Sandbox", "ServerError", "Service", "Snapshot", "SnapshotFailed", "Template", "Unauthorized", "Unavailable",
     "Usage", "WaitTimeout", "WhoAmI", "__version__",
 ]

@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 from ._http import Call
 from .errors import error_from_body
-from .models import EgressRule, ExecChunk, ExecResult
+from .models import EgressRule, ExecChunk, ExecResult, Service
 
 EXEC_MARGIN_S = 30.0
 """How much longer than a command's own timeout to wait for the server's answer."""
@@ -24,6 +24,9 @@ EXEC_MARGIN_S = 30.0
 Body = bytes | str | IO[bytes] | Iterable[bytes] | AsyncIterable[bytes]
 """A request body: bytes or text in memory, an open binary file, or an iterator of chunks
 (an async iterator with ``AsyncClient``).  Only bytes and text are sent again on a retry."""
+
+Services = Iterable[Service | Mapping[str, Any]]
+"""A snapshot's services: ``Service``s, or dicts with ``name``, ``command``, ``ready`` and ``timeout_s``."""
 
 
 class SandboxOptions(TypedDict, total=False):
@@ -104,9 +107,15 @@ def sandbox_action(sandbox_id: str, action: Literal["pause", "resume"]) -> Call:
     return Call("POST", _sandbox(sandbox_id, f"/{action}"))
 
 
-def snapshot_sandbox(sandbox_id: str, name: str | None, labels: Mapping[str, str] | None) -> Call:
-    body = {"name": name, "labels": dict(labels or {})}
-    return Call("POST", _sandbox(sandbox_id, "/snapshot"), json={key: value for key, value in body.items() if value is not None})
+def snapshot_sandbox(sandbox_id: str, name: str, labels: Mapping[str, str] | None, services: Services,
+                     idempotency_key: str | None) -> Call:
+    body = {"name": name, "labels": dict(labels or {}), "services": [_service(service) for service in services],
+            "idempotency_key": idempotency_key}
+    return Call("POST", _sandbox(sandbox_id, "/snapshot"), json=_body(body, key_prefix="sdk-snapshot"))
+
+
+def _service(service: Service | Mapping[str, Any]) -> dict[str, Any]:
+    return service.to_api() if isinstance(service, Service) else dict(service)
 
 
 def run(sandbox_id: str, cmd: str | list[str], options: ExecOptions, *, stream: bool = False) -> Call:
@@ -209,14 +218,16 @@ def get_template(name: str) -> Call:
     return Call("GET", f"/templates/{_segment(name)}")
 
 
-def list_snapshots() -> Call:
-    """The team's snapshots, newest first."""
-    return Call("GET", "/snapshots")
+def list_snapshots(state: str | None, label: str | None, limit: int, before: str | None) -> Call:
+    return Call("GET", "/snapshots", params={"state": state, "label": label, "limit": limit, "before": before})
 
 
 def get_snapshot(snapshot_id: str) -> Call:
-    """One snapshot by id."""
     return Call("GET", f"/snapshots/{_segment(snapshot_id)}")
+
+
+def delete_snapshot(snapshot_id: str) -> Call:
+    return Call("DELETE", f"/snapshots/{_segment(snapshot_id)}")
 
 
 def _policy(name: str, egress: Rules, description: str) -> dict[str, Any]:

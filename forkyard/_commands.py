@@ -9,9 +9,9 @@ from typing import Any
 
 from . import _terminal as out
 from ._calls import ExecOptions, SandboxOptions
-from .client import Client, Launch, Sandbox
+from .client import Client, Launch, Sandbox, Snapshot
 from .errors import ForkyardError
-from .models import ExecResult
+from .models import ExecResult, Service
 
 Handler = Callable[[Client, argparse.Namespace], int]
 TIMED_OUT_EXIT = 124  # what timeout(1) exits with
@@ -92,6 +92,16 @@ def get(fy: Client, args: argparse.Namespace) -> int:
 def kill(fy: Client, args: argparse.Namespace) -> int:
     sandboxes = [fy.sandboxes.kill(sandbox_id, wait=not args.no_wait) for sandbox_id in args.sandboxes]
     _show_sandboxes(args, sandboxes)
+    return 0
+
+
+def pause(fy: Client, args: argparse.Namespace) -> int:
+    _show_sandboxes(args, [fy.sandboxes.ref(sandbox_id).pause() for sandbox_id in args.sandboxes])
+    return 0
+
+
+def resume(fy: Client, args: argparse.Namespace) -> int:
+    _show_sandboxes(args, [fy.sandboxes.ref(sandbox_id).resume() for sandbox_id in args.sandboxes])
     return 0
 
 
@@ -192,6 +202,63 @@ def launches(fy: Client, args: argparse.Namespace) -> int:
             print(_launch_summary(found))
     else:
         _show_launches(args, [fy.launches.kill(args.launch)])
+    return 0
+
+
+# --- snapshots -------------------------------------------------------------------------
+
+
+def services_of(args: argparse.Namespace) -> list[Service]:
+    """The snapshot's services from ``--service NAME=COMMAND``, ``--ready NAME=CHECK`` and ``--ready-timeout NAME=S``."""
+    commands, checks, timeouts = dict(args.service), dict(args.ready), dict(args.ready_timeout)
+    for flag, names in (("--ready", checks), ("--ready-timeout", timeouts)):
+        unknown = sorted(set(names) - set(commands))
+        if unknown:
+            raise ForkyardError("invalid_request", f"{flag} names no --service: {', '.join(unknown)}", field="services")
+    unready = sorted(set(commands) - set(checks))
+    if unready:
+        raise ForkyardError("invalid_request", f"give each service a --ready NAME=CHECK (missing: {', '.join(unready)})",
+                            field="services")
+    return [Service(name, command, checks[name], timeouts.get(name, 30.0)) for name, command in commands.items()]
+
+
+def _show_snapshots(args: argparse.Namespace, found: list[Snapshot]) -> None:
+    if _json_mode(args):
+        out.print_json(found)
+        return
+    rows = ([item.id, item.name, item.state, out.size_of(item.size_bytes), item.forks_alive, item.parent or "-",
+             ",".join(service.name for service in item.services) or "-", out.when(item.created_at)] for item in found)
+    out.table(rows, ["ID", "NAME", "STATE", "SIZE", "FORKS", "PARENT", "SERVICES", "CREATED"])
+
+
+def _show_snapshot(args: argparse.Namespace, found: Snapshot) -> None:
+    if _json_mode(args):
+        out.print_json(found)
+        return
+    for name, value in found.data.items():
+        if name == "services":
+            value = "; ".join(f"{service.name} ({out.ready_text(service.ready)}): {service.command}" for service in found.services)
+        print(f"{name + ':':16}{'-' if value is None or value == '' else value}")
+
+
+def snapshot(fy: Client, args: argparse.Namespace) -> int:
+    taken = fy.sandboxes.ref(args.sandbox).snapshot(name=args.name, services=services_of(args), labels=dict(args.label),
+                                                    idempotency_key=args.idempotency_key, wait=not args.no_wait,
+                                                    timeout_s=args.timeout)
+    if args.quiet:
+        print(taken.id)
+    else:
+        _show_snapshots(args, [taken])
+    return 0
+
+
+def snapshots(fy: Client, args: argparse.Namespace) -> int:
+    if args.action == "list":
+        _show_snapshots(args, fy.snapshots.list(state=args.state, label=args.label, limit=args.limit))
+    elif args.action == "get":
+        _show_snapshot(args, fy.snapshots.get(args.snapshot))
+    else:
+        _show_snapshots(args, [fy.snapshots.delete(args.snapshot)])
     return 0
 
 

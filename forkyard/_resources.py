@@ -3,8 +3,8 @@
 An ``Endpoint`` pairs a request builder from ``_calls`` with a parser.  Read
 from a resource bound to a ``Sender`` it is a plain method; bound to an
 ``AsyncSender`` it is a coroutine method: the same signature (the builder's),
-the same docstring, the same request.  Sandboxes and launches, whose methods
-poll, stream and hand out live objects, are written out in ``client`` and
+the same docstring, the same request.  Sandboxes, launches and snapshots, whose
+methods poll, stream and hand out live objects, are written out in ``client`` and
 ``aio``.
 """
 
@@ -16,7 +16,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _calls as calls
 from ._http import AsyncSender, Call, RateLimit, Sender
-from .models import ApiKey, CreatedKey, NetworkPolicy, Snapshot, Template, Usage, WhoAmI
+from .models import ApiKey, CreatedKey, NetworkPolicy, Template, Usage, WhoAmI
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -91,13 +91,6 @@ class Templates(Resource[S]):
     get = Endpoint(calls.get_template, Template.from_api)
 
 
-class Snapshots(Resource[S]):
-    """``fy.snapshots``: saved sandbox states to fork from."""
-
-    list = Endpoint(calls.list_snapshots, _each(Snapshot.from_api))
-    get = Endpoint(calls.get_snapshot, Snapshot.from_api)
-
-
 class NetworkPolicies(Resource[S]):
     """``fy.network_policies``: where sandboxes may connect (egress rules)."""
 
@@ -125,7 +118,6 @@ class ClientBase(Resource[S]):
     def __init__(self, sender: S) -> None:
         super().__init__(sender)
         self.templates: Templates[S] = Templates(sender)
-        self.snapshots: Snapshots[S] = Snapshots(sender)
         self.network_policies: NetworkPolicies[S] = NetworkPolicies(sender)
         self.keys: Keys[S] = Keys(sender)
 

@@ -11,7 +11,7 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, TextIO
 
-from .models import LaunchFields, SandboxFields
+from .models import LaunchFields, SandboxFields, SnapshotFields
 
 GREEN, RED, YELLOW, DIM, RESET = "\x1b[32m", "\x1b[31m", "\x1b[33m", "\x1b[2m", "\x1b[0m"
 CLEAR_LINE = "\r\x1b[2K"
@@ -19,7 +19,7 @@ CLEAR_LINE = "\r\x1b[2K"
 
 def jsonable(value: Any) -> Any:
     """Anything the SDK returns, as plain JSON types (sandboxes and launches as the API sent them)."""
-    if isinstance(value, SandboxFields | LaunchFields):
+    if isinstance(value, SandboxFields | LaunchFields | SnapshotFields):
         return value.data
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {item.name: jsonable(getattr(value, item.name)) for item in dataclasses.fields(value)}
@@ -58,6 +58,13 @@ def size_of(count: float) -> str:
         count /= 1024
         index += 1
     return f"{count:.0f} B" if index == 0 else f"{count:.1f} {units[index]}"
+
+
+def ready_text(ready: dict[str, Any]) -> str:
+    """A readiness check as the CLI takes it: ``tcp:8080``, ``http:8080/health``, ``exec:...``."""
+    if "http" in ready:
+        return f"http:{ready['http'].get('port')}{ready['http'].get('path', '/')}"
+    return ", ".join(f"{kind}:{value}" for kind, value in ready.items())
 
 
 def labels_text(labels: dict[str, str]) -> str:

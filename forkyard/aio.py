@@ -8,7 +8,8 @@ async with AsyncClient() as fy:
     print((await sb.exec("uname -sr")).stdout)
     async for chunk in sb.exec_stream("for i in 1 2 3; do echo $i; sleep 1; done"):
         print(chunk.data, end="")
-    launch = await fy.launches.create(template="base", count=100)
+    snap = await sb.snapshot(name="deps-installed")     # waits until it is ready
+    launch = await fy.launches.create(snapshot=snap.id, count=100)
     async for child in launch.wait():
         ...
     await sb.kill()
@@ -29,11 +30,11 @@ import httpx
 
 from . import _calls as calls
 from . import client as sync
-from ._calls import Body, ExecOptions, SandboxOptions
+from ._calls import Body, ExecOptions, SandboxOptions, Services
 from ._http import AsyncSender, Call, RetryPolicy, Settings
 from ._pages import Page
 from ._resources import ClientBase, Resource
-from ._waiting import Deadline, raise_if_failed
+from ._waiting import Deadline, backoff, raise_if_failed, raise_if_snapshot_failed
 from .models import (
     ExecChunk,
     ExecResult,
@@ -41,7 +42,7 @@ from .models import (
     FileWritten,
     LaunchFields,
     SandboxFields,
-    Snapshot,
+    SnapshotFields,
 )
 
 ProgressCallback = Callable[["AsyncLaunch"], Awaitable[None] | None]
@@ -54,6 +55,7 @@ class AsyncClient(ClientBase[AsyncSender]):
         super().__init__(AsyncSender(Settings.resolve(url, api_key, timeout_s=timeout_s, max_retries=max_retries, retry=retry), transport))
         self.sandboxes = AsyncSandboxes(self._sender)
         self.launches = AsyncLaunches(self._sender)
+        self.snapshots = AsyncSnapshots(self._sender)
 
     async def close(self) -> None:
         await self._sender.close()
@@ -131,8 +133,11 @@ class AsyncSandbox(SandboxFields):
         self._apply(await self._sender.json(calls.sandbox_action(self.id, "resume")))
         return self
 
-    async def snapshot(self, *, name: str | None = None, labels: Mapping[str, str] | None = None) -> Snapshot:
-        return Snapshot.from_api(await self._sender.json(calls.snapshot_sandbox(self.id, name, labels)))
+    async def snapshot(self, *, name: str, services: Services = (), labels: Mapping[str, str] | None = None,
+                       idempotency_key: str | None = None, wait: bool = True, timeout_s: float | None = 600.0) -> AsyncSnapshot:
+        data = await self._sender.json(calls.snapshot_sandbox(self.id, name, labels, services, idempotency_key))
+        snapshot = AsyncSnapshot(self._sender, data)
+        return await snapshot.wait(timeout_s=timeout_s) if wait else snapshot
 
     async def kill(self, *, wait: bool = True) -> AsyncSandbox:
         self._apply(await self._sender.json(calls.destroy_sandbox(self.id, wait)))
@@ -268,6 +273,52 @@ class AsyncLaunch(LaunchFields):
         return self
 
     destroy = kill
+
+
+class AsyncSnapshots(Resource[AsyncSender]):
+    async def get(self, snapshot_id: str) -> AsyncSnapshot:
+        return AsyncSnapshot(self._sender, await self._sender.json(calls.get_snapshot(snapshot_id)))
+
+    async def list(self, *, state: str | None = None, label: str | None = None, limit: int = 100,
+                   before: str | None = None) -> list[AsyncSnapshot]:
+        rows = await self._sender.json(calls.list_snapshots(state, label, limit, before))
+        return [AsyncSnapshot(self._sender, row) for row in rows]
+
+    async def list_all(self, *, state: str | None = None, label: str | None = None, page_size: int = 500) -> AsyncIterator[AsyncSnapshot]:
+        before: str | None = None
+        while True:
+            page = await self.list(state=state, label=label, limit=page_size, before=before)
+            for snapshot in page:
+                yield snapshot
+            if len(page) < page_size:
+                return
+            before = page[-1].id
+
+    async def delete(self, snapshot_id: str) -> AsyncSnapshot:
+        return AsyncSnapshot(self._sender, await self._sender.json(calls.delete_snapshot(snapshot_id)))
+
+
+class AsyncSnapshot(SnapshotFields):
+    def __init__(self, sender: AsyncSender, data: Mapping[str, Any]) -> None:
+        self._sender = sender
+        self._apply(data)
+
+    async def refresh(self) -> AsyncSnapshot:
+        self._apply(await self._sender.json(calls.get_snapshot(self.id)))
+        return self
+
+    async def wait(self, *, timeout_s: float | None = 600.0) -> AsyncSnapshot:
+        deadline = Deadline(timeout_s, f"snapshot {self.id} to be ready")
+        delays = backoff()
+        while self.creating:
+            await asyncio.sleep(deadline.next_poll(next(delays)))
+            await self.refresh()
+        raise_if_snapshot_failed(self)
+        return self
+
+    async def delete(self) -> AsyncSnapshot:
+        self._apply(await self._sender.json(calls.delete_snapshot(self.id)))
+        return self
 
 
 class AsyncLaunchWait:

@@ -4,6 +4,9 @@
     forkyard exec sb_123 uname -a                       # its stdout/stderr, its exit code
     forkyard launch --template base --count 1000 --wait # a progress bar, then counts and rate
     forkyard list --state running --json
+    forkyard snapshot sb_123 --name web-ready \
+        --service 'web=httpd -f -p 8080 -h /srv' --ready web=tcp:8080   # waits until it is ready
+    forkyard launch --snapshot snap_456 --count 100 --wait              # fork it 100 times
 
 FORKYARD_URL and FORKYARD_API_KEY say where and who; ``--url`` and
 ``--api-key`` override them, ``--json`` prints what the API answered.  An
@@ -17,6 +20,7 @@ import os
 import sys
 from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 from ._commands import (
     Handler,
@@ -29,6 +33,10 @@ from ._commands import (
     launch,
     launches,
     list_sandboxes,
+    pause,
+    resume,
+    snapshot,
+    snapshots,
     templates,
     usage,
     whoami,
@@ -43,6 +51,32 @@ def _pair(text: str) -> tuple[str, str]:
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key, value
+
+
+def _ready(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME=tcp:PORT``, ``NAME=http:PORT[/PATH]`` or ``NAME=exec:COMMAND``: how to tell a service is ready."""
+    name, check = _pair(text)
+    kind, _, value = check.partition(":")
+    try:
+        if kind == "tcp":
+            return name, {"tcp": int(value)}
+        if kind == "http":
+            port, slash, path = value.partition("/")
+            return name, {"http": {"port": int(port), "path": slash + path or "/"}}
+    except ValueError:
+        pass
+    else:
+        if kind == "exec" and value.strip():
+            return name, {"exec": value}
+    raise argparse.ArgumentTypeError(f"expected NAME=tcp:PORT, NAME=http:PORT/PATH or NAME=exec:COMMAND, got {text!r}")
+
+
+def _seconds(text: str) -> tuple[str, float]:
+    name, value = _pair(text)
+    try:
+        return name, float(value)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(f"expected NAME=SECONDS, got {text!r}") from error
 
 
 def _time(text: str) -> datetime:
@@ -106,6 +140,34 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("sandboxes", nargs="+", metavar="SANDBOX")
     sub.add_argument("--no-wait", action="store_true", help="answer at once, not once they are gone")
 
+    for name, handler, summary in (("pause", pause, "freeze every process in sandboxes (billed at the paused rate)"),
+                                   ("resume", resume, "resume paused sandboxes")):
+        command(name, handler, summary).add_argument("sandboxes", nargs="+", metavar="SANDBOX")
+
+    sub = command("snapshot", snapshot, "save a sandbox's files as a snapshot to fork from")
+    sub.add_argument("sandbox")
+    sub.add_argument("--name", required=True, help="for people (1-100 characters); forks name the snapshot's id")
+    sub.add_argument("--label", type=_pair, action="append", default=[], metavar="KEY=VALUE")
+    sub.add_argument("--service", type=_pair, action="append", default=[], metavar="NAME=COMMAND",
+                     help="a process every fork starts (under /bin/sh -c); give each one a --ready")
+    sub.add_argument("--ready", type=_ready, action="append", default=[], metavar="NAME=CHECK",
+                     help="when service NAME is ready: tcp:PORT, http:PORT/PATH or exec:COMMAND")
+    sub.add_argument("--ready-timeout", type=_seconds, action="append", default=[], metavar="NAME=SECONDS",
+                     help="a fork fails if service NAME is not ready by then (default: 30)")
+    sub.add_argument("--idempotency-key", help="a retry with the same key takes no second snapshot")
+    sub.add_argument("--no-wait", action="store_true", help="answer once it is being taken, not once it is ready")
+    sub.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for it to be ready (default: 600)")
+    sub.add_argument("-q", "--quiet", action="store_true", help="print only the snapshot's id")
+
+    sub = command("snapshots", snapshots, "list, show or delete snapshots")
+    actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = actions.add_parser("list", parents=[common])
+    listing.add_argument("--state", help="creating, ready or failed")
+    listing.add_argument("--label", help="KEY=VALUE or KEY")
+    listing.add_argument("--limit", type=int, default=100)
+    actions.add_parser("get", parents=[common]).add_argument("snapshot")
+    actions.add_parser("delete", parents=[common]).add_argument("snapshot")
+
     sub = command("exec", exec_command, "run a command in a sandbox; exits with its exit code")
     sub.add_argument("--cwd")
     sub.add_argument("--env", type=_pair, action="append", default=[], metavar="NAME=VALUE")
@@ -117,7 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("sandbox")
     sub.add_argument("command", nargs=argparse.REMAINDER, help="one word runs under /bin/sh -c; several are argv")
 
-    sub = command("launch", launch, "launch many sandboxes at once")
+    sub = command("launch", launch, "launch many sandboxes at once (--snapshot ID forks a snapshot)")
     _add_create_options(sub)
     sub.add_argument("--count", type=int, required=True)
     sub.add_argument("--wait", action="store_true", help="wait until every sandbox runs or failed (exit 1 if any failed)")

@@ -10,11 +10,11 @@ from typing import Any, Unpack
 import httpx
 
 from . import _calls as calls
-from ._calls import Body, ExecOptions, SandboxOptions
+from ._calls import Body, ExecOptions, SandboxOptions, Services
 from ._http import Call, RetryPolicy, Sender, Settings
 from ._pages import Page
 from ._resources import ClientBase, Resource
-from ._waiting import Deadline, raise_if_failed
+from ._waiting import Deadline, backoff, raise_if_failed, raise_if_snapshot_failed
 from .models import (
     ExecChunk,
     ExecResult,
@@ -22,7 +22,7 @@ from .models import (
     FileWritten,
     LaunchFields,
     SandboxFields,
-    Snapshot,
+    SnapshotFields,
 )
 
 
@@ -41,6 +41,7 @@ class Client(ClientBase[Sender]):
         super().__init__(Sender(Settings.resolve(url, api_key, timeout_s=timeout_s, max_retries=max_retries, retry=retry), transport))
         self.sandboxes = Sandboxes(self._sender)
         self.launches = Launches(self._sender)
+        self.snapshots = Snapshots(self._sender)
 
     def close(self) -> None:
         self._sender.close()
@@ -148,10 +149,20 @@ class Sandbox(SandboxFields):
         self._apply(self._sender.json(calls.sandbox_action(self.id, "resume")))
         return self
 
-    def snapshot(self, *, name: str | None = None, labels: Mapping[str, str] | None = None) -> Snapshot:
-        """Save its state as a snapshot to fork from.  Raises ``NotImplementedByServer`` on a
-        deployment without snapshots (the API answers 501 ``not_implemented``)."""
-        return Snapshot.from_api(self._sender.json(calls.snapshot_sandbox(self.id, name, labels)))
+    def snapshot(self, *, name: str, services: Services = (), labels: Mapping[str, str] | None = None,
+                 idempotency_key: str | None = None, wait: bool = True, timeout_s: float | None = 600.0) -> Snapshot:
+        """Save its filesystem as a snapshot to fork from (``fy.launches.create(snapshot=snap.id, count=N)``).
+
+        Memory is not saved: ``services`` (``Service.tcp(...)``, ``Service.http(...)``,
+        ``Service.exec(...)``) are started in every fork, which runs only once they
+        answer.  The sandbox keeps running (a paused one stays paused).  With
+        ``wait`` (the default) it returns once the snapshot is ready, and raises
+        ``SnapshotFailed`` if it could not be taken (``WaitTimeout`` after ``timeout_s``).
+        A sandbox that is not running raises ``Conflict`` (``sandbox_not_running``).
+        """
+        data = self._sender.json(calls.snapshot_sandbox(self.id, name, labels, services, idempotency_key))
+        snapshot = Snapshot(self._sender, data)
+        return snapshot.wait(timeout_s=timeout_s) if wait else snapshot
 
     def kill(self, *, wait: bool = True) -> Sandbox:
         """Destroy it (idempotent); with ``wait``, return once it is gone."""
@@ -306,3 +317,59 @@ class Launch(LaunchFields):
         return self
 
     destroy = kill
+
+
+class Snapshots(Resource[Sender]):
+    """``fy.snapshots``: saved sandbox states to fork from."""
+
+    def get(self, snapshot_id: str) -> Snapshot:
+        return Snapshot(self._sender, self._sender.json(calls.get_snapshot(snapshot_id)))
+
+    def list(self, *, state: str | None = None, label: str | None = None, limit: int = 100,
+             before: str | None = None) -> list[Snapshot]:
+        """The team's snapshots, newest first (deleted ones are not listed).  ``label`` is ``key=value``
+        or ``key``; pass the last one's id as ``before`` for the next page."""
+        return [Snapshot(self._sender, row) for row in self._sender.json(calls.list_snapshots(state, label, limit, before))]
+
+    def list_all(self, *, state: str | None = None, label: str | None = None, page_size: int = 500) -> Iterator[Snapshot]:
+        """Every matching snapshot, page by page."""
+        before: str | None = None
+        while True:
+            page = self.list(state=state, label=label, limit=page_size, before=before)
+            yield from page
+            if len(page) < page_size:
+                return
+            before = page[-1].id
+
+    def delete(self, snapshot_id: str) -> Snapshot:
+        """Delete a snapshot: its saved-state billing ends now.  Refused with ``Conflict``
+        (``snapshot_in_use``, ``details["forks_alive"]``) while sandboxes forked from it live."""
+        return Snapshot(self._sender, self._sender.json(calls.delete_snapshot(snapshot_id)))
+
+
+class Snapshot(SnapshotFields):
+    """One snapshot: its fields (``id``, ``state``, ``size_bytes``, ``forks_alive``, ``services``...) and what it can do."""
+
+    def __init__(self, sender: Sender, data: Mapping[str, Any]) -> None:
+        self._sender = sender
+        self._apply(data)
+
+    def refresh(self) -> Snapshot:
+        self._apply(self._sender.json(calls.get_snapshot(self.id)))
+        return self
+
+    def wait(self, *, timeout_s: float | None = 600.0) -> Snapshot:
+        """Poll (backing off from 0.1 s to 2 s) until it is no longer creating; raise ``SnapshotFailed``
+        if it failed, ``WaitTimeout`` after ``timeout_s``."""
+        deadline = Deadline(timeout_s, f"snapshot {self.id} to be ready")
+        delays = backoff()
+        while self.creating:
+            time.sleep(deadline.next_poll(next(delays)))
+            self.refresh()
+        raise_if_snapshot_failed(self)
+        return self
+
+    def delete(self) -> Snapshot:
+        """Delete it (see ``fy.snapshots.delete``)."""
+        self._apply(self._sender.json(calls.delete_snapshot(self.id)))
+        return self

@@ -97,6 +97,11 @@ class NoCapacity(Unavailable):
     """503 ``no_capacity``: every host is full or none is online; try again after ``retry_after``."""
 
 
+class SnapshotFailed(ForkyardError):
+    """A snapshot being waited for failed: ``code`` and ``message`` say why (``sandbox_not_running``,
+    ``too_large``...), ``details["snapshot"]`` names it."""
+
+
 class WaitTimeout(ForkyardError, TimeoutError):
     """A wait in the SDK (a launch, a sandbox still starting) ran past its timeout."""
 

@@ -1,9 +1,9 @@
 """What the API answers, as typed Python objects.
 
 Plain values (an exec result, a template, a key) are frozen dataclasses built
-with ``from_api``.  Sandboxes and launches are live objects bound to a client
-(``forkyard.Sandbox``, ``forkyard.AsyncSandbox``, ...); the fields they share
-live here, in ``SandboxFields`` and ``LaunchFields``.
+with ``from_api``.  Sandboxes, launches and snapshots are live objects bound to
+a client (``forkyard.Sandbox``, ``forkyard.AsyncSandbox``, ...); the fields
+they share live here, in ``SandboxFields``, ``LaunchFields`` and ``SnapshotFields``.
 """
 
 from __future__ import annotations
@@ -186,17 +186,42 @@ class Template(ApiValue):
 
 
 @dataclass(frozen=True)
-class Snapshot(ApiValue):
-    id: str
-    name: str = ""
-    state: str = ""
-    template: str = ""
-    parent: str | None = None
-    size_bytes: int = 0
-    labels: dict[str, str] = field(default_factory=dict)
-    created_at: datetime | None = None
-    ready_at: datetime | None = None
-    forks_alive: int = 0
+class Service(ApiValue):
+    """A long-running process that every fork of a snapshot starts, and how to tell it is ready.
+
+    The kernel cannot checkpoint process memory, so a snapshot saves files,
+    not processes: its services are started again in each fork, which is
+    running only once every one of them answers.  Make one with ``Service.tcp``,
+    ``Service.http`` or ``Service.exec``; ``ready`` is the API's object
+    (``{"tcp": port}``, ``{"http": {"port": p, "path": "/"}}`` or ``{"exec": "cmd"}``).
+    Its output goes to ``/var/log/forkyard/<name>.log`` inside the sandbox.
+    """
+
+    CONVERT = {"ready": lambda ready: {kind: value for kind, value in (ready or {}).items() if value is not None}}
+
+    name: str
+    command: str
+    ready: dict[str, Any] = field(default_factory=dict)
+    timeout_s: float = 30.0
+
+    @classmethod
+    def tcp(cls, name: str, command: str, port: int, *, timeout_s: float = 30.0) -> Service:
+        """Ready once ``port`` accepts a connection on the sandbox's loopback."""
+        return cls(name, command, {"tcp": port}, timeout_s)
+
+    @classmethod
+    def http(cls, name: str, command: str, port: int, path: str = "/", *, timeout_s: float = 30.0) -> Service:
+        """Ready once ``GET http://127.0.0.1:<port><path>`` answers below 500."""
+        return cls(name, command, {"http": {"port": port, "path": path}}, timeout_s)
+
+    @classmethod
+    def exec(cls, name: str, command: str, check: str, *, timeout_s: float = 30.0) -> Service:
+        """Ready once the shell command ``check`` exits 0."""
+        return cls(name, command, {"exec": check}, timeout_s)
+
+    def to_api(self) -> dict[str, Any]:
+        ready = {kind: value for kind, value in self.ready.items() if value is not None}
+        return {"name": self.name, "command": self.command, "ready": ready, "timeout_s": self.timeout_s}
 
 
 @dataclass(frozen=True)
@@ -358,6 +383,70 @@ class SandboxFields:
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.id} {self.state} on {self.host}>"
+
+
+class SnapshotFields:
+    """A snapshot's fields as the API last reported them (``refresh()`` reloads them).
+
+    ``size_bytes`` is its own layer (what saved state bills per GiB-hour),
+    ``total_bytes`` with the layers under it; ``parent`` the snapshot its source
+    sandbox was forked from; ``forks_alive`` its live sandboxes; ``error`` why it
+    failed.  ``data`` is the answer as it came.
+    """
+
+    id: str
+    name: str
+    state: str
+    template: str
+    parent: str | None
+    layer_id: str
+    size_bytes: int
+    total_bytes: int
+    services: list[Service]
+    labels: dict[str, str]
+    source_sandbox: str | None
+    host: str | None
+    created_at: datetime | None
+    ready_at: datetime | None
+    deleted_at: datetime | None
+    paused_ms: float | None
+    forks_alive: int
+    error: ErrorInfo | None
+    data: dict[str, Any]
+
+    def _apply(self, data: Mapping[str, Any]) -> None:
+        self.data = dict(data)
+        self.id = str(data["id"])
+        self.name = str(data.get("name", ""))
+        self.state = str(data.get("state", ""))
+        self.template = str(data.get("template", ""))
+        self.parent = data.get("parent")
+        self.layer_id = str(data.get("layer_id") or "")
+        self.size_bytes = int(data.get("size_bytes") or 0)
+        self.total_bytes = int(data.get("total_bytes") or 0)
+        self.services = _each(Service)(data.get("services"))
+        self.labels = _strings(data.get("labels"))
+        self.source_sandbox = data.get("source_sandbox")
+        self.host = data.get("host")
+        self.created_at = parse_time(data.get("created_at"))
+        self.ready_at = parse_time(data.get("ready_at"))
+        self.deleted_at = parse_time(data.get("deleted_at"))
+        paused_ms = data.get("paused_ms")
+        self.paused_ms = float(paused_ms) if paused_ms is not None else None
+        self.forks_alive = int(data.get("forks_alive") or 0)
+        error = data.get("error")
+        self.error = ErrorInfo.from_api(error) if error else None
+
+    @property
+    def ready(self) -> bool:
+        return self.state == "ready"
+
+    @property
+    def creating(self) -> bool:
+        return self.state == "creating"
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.id} {self.name!r} {self.state}, {self.size_bytes} bytes, {self.forks_alive} forks alive>"
 
 
 class LaunchFields:

@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from forkyard import AsyncClient, AsyncLaunch, Conflict, NotFound, NotImplementedByServer
+from forkyard import AsyncClient, AsyncLaunch, Conflict, NotFound
 from tests.support.stack import Stack
 from tests.support.stack import Team as StackTeam
 
@@ -35,8 +35,6 @@ def test_sandbox_lifecycle(stack: Stack) -> None:
             archive = b"".join([chunk async for chunk in sandbox.files.download_stream("/data")])
             assert archive == await sandbox.files.download("/data")
 
-            with pytest.raises(NotImplementedByServer):
-                await sandbox.snapshot(name="later")
             assert (await sandbox.pause()).state == "paused"
             assert (await sandbox.resume()).state == "running"
 

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -130,3 +131,47 @@ def test_demo(stack: Stack) -> None:
     assert "sandbox 0 is sb-" in output and "Linux" in output
     assert "12 running, 0 failed of 12" in output and "p50" in output and "p95" in output and "killed   launch launch_" in output
 
+
+
+def test_pause_snapshot_and_fork_commands(cli: Run) -> None:
+    sandbox = cli("create", "--size", "tiny", "--ttl", "300", "-q").stdout.strip()
+    try:
+        assert cli("exec", sandbox, "mkdir -p /srv && echo cli-page > /srv/index.html").returncode == 0
+        paused = cli("pause", sandbox)
+        assert paused.returncode == 0 and "paused" in paused.stdout
+        assert "running" in cli("resume", sandbox).stdout
+
+        missing_ready = cli("snapshot", sandbox, "--name", "x", "--service", "web=httpd -f -p 8080 -h /srv")
+        assert missing_ready.returncode == 1 and missing_ready.stderr.startswith("error [invalid_request]: give each service a --ready")
+        bad_check = cli("snapshot", sandbox, "--name", "x", "--service", "web=true", "--ready", "web=tcp:eighty")
+        assert bad_check.returncode == 2 and "NAME=tcp:PORT" in bad_check.stderr
+        no_traceback(bad_check)
+
+        taken = cli("snapshot", sandbox, "--name", "cli-web", "--service", "web=httpd -f -p 8080 -h /srv",
+                    "--ready", "web=http:8080/", "--ready-timeout", "web=20", "--label", "via=cli", "-q")
+        assert taken.returncode == 0, taken.stderr
+        snapshot = taken.stdout.strip()
+        assert snapshot.startswith("snap_")
+        shown = json.loads(cli("snapshots", "get", snapshot, "--json").stdout)
+        assert shown["state"] == "ready" and shown["services"][0]["ready"]["http"] == {"port": 8080, "path": "/"}
+        assert "web (http:8080/): httpd" in cli("snapshots", "get", snapshot).stdout
+        listed = cli("snapshots", "list", "--label", "via=cli")
+        assert snapshot in listed.stdout and "cli-web" in listed.stdout
+
+        launched = cli("launch", "--snapshot", snapshot, "--count", "3", "--ttl", "120", "--wait", "--json")
+        assert launched.returncode == 0, launched.stderr
+        launch_id = json.loads(launched.stdout)["id"]
+        fork = json.loads(cli("list", "--label", f"launch={launch_id}", "--json").stdout)[0]["id"]
+        assert cli("exec", fork, "wget -qO- http://127.0.0.1:8080/").stdout == "cli-page\n"
+
+        refused = cli("snapshots", "delete", snapshot)
+        assert refused.returncode == 1 and refused.stderr.startswith("error [snapshot_in_use]: ")
+        cli("launches", "kill", launch_id)
+        deadline = time.monotonic() + 60
+        while json.loads(cli("snapshots", "get", snapshot, "--json").stdout)["forks_alive"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+        deleted = cli("snapshots", "delete", snapshot)
+        assert deleted.returncode == 0 and "deleted" in deleted.stdout
+        assert cli("snapshots", "get", snapshot).stderr.startswith("error [snapshot_not_found]")
+    finally:
+        cli("kill", sandbox)

@@ -90,7 +90,8 @@ def test_team_b_cannot_see_or_touch_team_a(fy: Client, fy_b: Client, sb: Sandbox
     try:
         foreign = fy_b.sandboxes.ref(sb.id)
         for action in (lambda: fy_b.sandboxes.get(sb.id), lambda: foreign.exec("id"), lambda: foreign.files.read("/etc/hostname"),
-                       lambda: foreign.files.write("/tmp/x", b"x"), foreign.pause, foreign.snapshot, lambda: fy_b.sandboxes.kill(sb.id),
+                       lambda: foreign.files.write("/tmp/x", b"x"), foreign.pause, lambda: foreign.snapshot(name="stolen"),
+                       lambda: fy_b.sandboxes.kill(sb.id),
                        lambda: fy_b.launches.get(launch.id), lambda: fy_b.launches.kill(launch.id)):
             with pytest.raises(NotFound):
                 action()
