@@ -143,11 +143,18 @@ def window_series(team: Team, window: str, grouping: str) -> Series:
 
 def sandbox_spend(sandbox: Any) -> tuple[float, Decimal]:
     """(billed seconds, cost) of one sandbox so far: its few periods, the open one to now."""
+    return _spend(UsagePeriod.objects.filter(sandbox=sandbox))
+
+
+def snapshot_saved_state(snapshot: Any) -> tuple[float, Decimal]:
+    """(billed seconds, cost) of one snapshot's saved state so far."""
+    return _spend(UsagePeriod.objects.filter(snapshot=snapshot))
+
+
+def _spend(periods: Any) -> tuple[float, Decimal]:
     now = timezone.now()
     seconds, amount = 0.0, Decimal(0)
-    for period in UsagePeriod.objects.filter(sandbox=sandbox).only(
-        "started_at", "ended_at", "amount", "unit_price", "quantity_gib"
-    ):
+    for period in periods.only("started_at", "ended_at", "amount", "unit_price", "quantity_gib"):
         if period.ended_at is not None and period.amount is not None:
             seconds += (period.ended_at - period.started_at).total_seconds()
             amount += period.amount

@@ -111,3 +111,79 @@ class PolicyForm(forms.Form):
         if len(rules) > 256:
             raise forms.ValidationError("A policy has at most 256 rules.")
         return rules
+
+
+# --- snapshots -----------------------------------------------------------------------------
+
+READY_KINDS = [("tcp", "TCP port answers"), ("http", "HTTP GET answers"), ("exec", "command exits 0")]
+
+
+class SnapshotForm(forms.Form):
+    name = forms.CharField(max_length=100, strip=True, help_text="For people; forks name the snapshot's id.")
+
+
+class ServiceForm(forms.Form):
+    """One service every fork starts; checked by the API's own schema (``schemas.ServiceIn``)."""
+
+    name = forms.CharField(max_length=32, required=False, help_text="a-z 0-9 _ -; its log: /var/log/forkyard/<name>.log")
+    command = forms.CharField(max_length=4096, required=False, widget=forms.TextInput(attrs={"spellcheck": "false"}))
+    ready = forms.ChoiceField(label="Ready when", choices=READY_KINDS, initial="tcp")
+    check = forms.CharField(
+        label="Port, port/path or command", max_length=4096, required=False, widget=forms.TextInput(attrs={"spellcheck": "false"})
+    )
+    timeout_s = forms.FloatField(label="Timeout (s)", initial=30, min_value=0.1, max_value=300)
+
+    def clean(self) -> dict[str, Any]:
+        from pydantic import ValidationError
+
+        from .schemas import ServiceIn
+
+        data = super().clean() or {}
+        if not data.get("name") and not data.get("command"):
+            data["service"] = None  # an empty row: no service
+            return data
+        check = (data.get("check") or "").strip()
+        ready: dict[str, Any] = {}
+        try:
+            if data.get("ready") == "tcp":
+                ready = {"tcp": int(check)}
+            elif data.get("ready") == "http":
+                port, slash, path = check.partition("/")
+                ready = {"http": {"port": int(port), "path": slash + path or "/"}}
+            else:
+                ready = {"exec": check}
+        except ValueError:
+            self.add_error("check", "A port number, or port/path for HTTP (8080/health).")
+            return data
+        try:
+            service = ServiceIn.model_validate(
+                {
+                    "name": data.get("name"),
+                    "command": data.get("command"),
+                    "ready": ready,
+                    "timeout_s": data.get("timeout_s") or 30,
+                }
+            )
+        except ValidationError as error:
+            first = error.errors()[0]
+            where = str(first["loc"][0]) if first["loc"] else ""
+            self.add_error(
+                where if where in ("name", "command", "timeout_s") else "check", first["msg"].removeprefix("Value error, ")
+            )
+            return data
+        data["service"] = service.model_dump(exclude_none=True)
+        return data
+
+
+ServiceFormSet = forms.formset_factory(ServiceForm, extra=2, max_num=8, validate_max=True)
+
+
+class LaunchFromSnapshotForm(forms.Form):
+    count = forms.IntegerField(min_value=1, initial=10, help_text="How many forks.")
+    size = forms.ChoiceField(choices=[("tiny", "tiny"), ("default", "default")], initial="tiny")
+    ttl_s = forms.IntegerField(label="TTL (s)", min_value=1, max_value=7 * 24 * 3600, initial=3600)
+
+    def __init__(self, *args: Any, sizes: list[str] | None = None, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if sizes:
+            self.fields["size"].choices = [(size, size) for size in sizes]  # type: ignore[attr-defined]

@@ -103,6 +103,12 @@ def snapshots_page(team: Team, cursor: str | None) -> Page[Snapshot]:
     return keyset_page(with_forks_alive(Snapshot.objects.filter(team=team).exclude(state=Snapshot.State.DELETED)), cursor)
 
 
+def snapshot_children(snapshot: Snapshot, limit: int = PAGE_SIZE) -> list[Snapshot]:
+    """Snapshots taken from forks of this one (not deleted), newest first."""
+    rows = Snapshot.objects.filter(parent=snapshot).exclude(state=Snapshot.State.DELETED)
+    return list(rows.order_by("-created_at", "-id")[:limit])
+
+
 def templates_for(team: Team) -> list[Template]:
     """The global templates and the team's own, with the hosts that hold them."""
     rows = Template.objects.filter(Q(team__isnull=True) | Q(team=team)).prefetch_related("hosts")

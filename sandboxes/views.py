@@ -16,17 +16,25 @@ from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_POST
 from django.views.decorators.vary import vary_on_headers
 
-from billing.charts import sandbox_spend
+from billing.charts import sandbox_spend, snapshot_saved_state
 from console.access import HtmxRequest, team_view
 from console.errors import ApiError, from_engine
 from console.models import Membership, Role, Team
 from sandboxes.engine.client import ExecOutput
 from sandboxes.engine.errors import EngineError
 
-from . import listings, policies, selectors, services
+from . import listings, policies, selectors, services, snapshots
 from .engine_link import engine
-from .forms import ExecForm, PolicyForm, SandboxFilterForm, egress_text
-from .models import Launch, NetworkPolicy, Sandbox
+from .forms import (
+    ExecForm,
+    LaunchFromSnapshotForm,
+    PolicyForm,
+    SandboxFilterForm,
+    ServiceFormSet,
+    SnapshotForm,
+    egress_text,
+)
+from .models import Launch, NetworkPolicy, Sandbox, Snapshot
 
 OUTPUT_CAP = 256 * 1024  # per stream: a page, not a download
 
@@ -82,10 +90,26 @@ def sandbox_list(request: HtmxRequest, membership: Membership) -> HttpResponse:
     return render(request, template, context)
 
 
-def _detail(request: HttpRequest, sandbox: Sandbox, **extra: Any) -> HttpResponse:
+def _snapshot_or_404(team: Team, snapshot_id: str) -> Snapshot:
+    rows = selectors.with_forks_alive(Snapshot.objects.select_related("host", "parent", "source_sandbox"))
+    snapshot = rows.filter(team=team, pk=snapshot_id).exclude(state=Snapshot.State.DELETED).first()
+    if snapshot is None:
+        raise Http404("No such snapshot in this team.")
+    return snapshot
+
+
+def _detail(request: HttpRequest, sandbox: Sandbox, status: int = 200, **extra: Any) -> HttpResponse:
     seconds, spent = sandbox_spend(sandbox)
-    context = {"sandbox": sandbox, "exec_form": ExecForm(), "billed_seconds": seconds, "spent": spent, **extra}
-    return render(request, "sandboxes/sandbox_detail.html", context)
+    context = {
+        "sandbox": sandbox,
+        "exec_form": ExecForm(),
+        "snapshot_form": SnapshotForm(),
+        "service_forms": ServiceFormSet(prefix="services"),
+        "billed_seconds": seconds,
+        "spent": spent,
+        **extra,
+    }
+    return render(request, "sandboxes/sandbox_detail.html", context, status=status)
 
 
 @team_view()
@@ -135,6 +159,39 @@ def sandbox_kill(request: HttpRequest, membership: Membership, sandbox_id: str) 
     return redirect("console:sandbox", sandbox_id=sandbox.id)
 
 
+@require_POST
+@team_view(action="pause sandboxes")
+def sandbox_pause(request: HttpRequest, membership: Membership, sandbox_id: str, paused: bool) -> HttpResponse:
+    sandbox = _sandbox_or_404(membership.team, sandbox_id)
+    try:
+        sandbox = services.sandbox_pause(sandbox=sandbox, paused=paused)
+    except ApiError as error:
+        messages.error(request, error.message)
+    else:
+        messages.success(request, f"{sandbox.id} is {sandbox.state}.")
+    return redirect("console:sandbox", sandbox_id=sandbox.id)
+
+
+@require_POST
+@team_view(action="take snapshots")
+def sandbox_snapshot(request: HttpRequest, membership: Membership, sandbox_id: str) -> HttpResponse:
+    sandbox = _sandbox_or_404(membership.team, sandbox_id)
+    form = SnapshotForm(request.POST)
+    service_forms = ServiceFormSet(request.POST, prefix="services")
+    if form.is_valid() and service_forms.is_valid():
+        taken = [row.cleaned_data["service"] for row in service_forms if row.cleaned_data.get("service")]
+        try:
+            snapshot, _ = snapshots.snapshot_create(
+                team=membership.team, key=None, sandbox=sandbox, name=form.cleaned_data["name"], labels={}, services=taken
+            )
+        except ApiError as error:
+            messages.error(request, error.message)
+        else:
+            messages.success(request, f"Snapshot “{snapshot.name}” is being taken; {sandbox.id} keeps running.")
+            return redirect("console:snapshot", snapshot_id=snapshot.id)
+    return _detail(request, sandbox, status=400, snapshot_form=form, service_forms=service_forms, snapshot_open=True)
+
+
 # --- launches -----------------------------------------------------------------------------
 
 
@@ -171,6 +228,58 @@ def template_list(request: HttpRequest, membership: Membership) -> HttpResponse:
 def snapshot_list(request: HttpRequest, membership: Membership) -> HttpResponse:
     page = listings.snapshots_page(membership.team, request.GET.get("cursor"))
     return render(request, "sandboxes/snapshot_list.html", {"page": page})
+
+
+def _snapshot_page(request: HttpRequest, snapshot: Snapshot, launch_form: LaunchFromSnapshotForm | None = None) -> HttpResponse:
+    seconds, spent = snapshot_saved_state(snapshot)
+    context = {
+        "snapshot": snapshot,
+        "users": snapshots.users_of(snapshot),
+        "children": listings.snapshot_children(snapshot),
+        "launch_form": launch_form or LaunchFromSnapshotForm(sizes=sorted(services.sizes())),
+        "billed_seconds": seconds,
+        "spent": spent,
+    }
+    return render(request, "sandboxes/snapshot_detail.html", context, status=400 if launch_form else 200)
+
+
+@vary_on_headers("HX-Request")
+@team_view()
+def snapshot_detail(request: HtmxRequest, membership: Membership, snapshot_id: str) -> HttpResponse:
+    snapshot = _snapshot_or_404(membership.team, snapshot_id)
+    if request.htmx:  # the state panel polls itself while the snapshot is taken
+        return render(request, "sandboxes/_snapshot_state.html", {"snapshot": snapshot})
+    return _snapshot_page(request, snapshot)
+
+
+@require_POST
+@team_view(action="delete snapshots")
+def snapshot_delete(request: HttpRequest, membership: Membership, snapshot_id: str) -> HttpResponse:
+    snapshot = _snapshot_or_404(membership.team, snapshot_id)
+    try:
+        snapshots.snapshot_delete(snapshot=snapshot)
+    except ApiError as error:
+        messages.error(request, error.message)
+        return redirect("console:snapshot", snapshot_id=snapshot.id)
+    messages.success(request, f"Snapshot “{snapshot.name}” deleted; its saved-state billing has ended.")
+    return redirect("console:snapshots")
+
+
+@require_POST
+@team_view(action="launch sandboxes")
+def snapshot_launch(request: HttpRequest, membership: Membership, snapshot_id: str) -> HttpResponse:
+    snapshot = _snapshot_or_404(membership.team, snapshot_id)
+    form = LaunchFromSnapshotForm(request.POST, sizes=sorted(services.sizes()))
+    if not form.is_valid():
+        return _snapshot_page(request, snapshot, launch_form=form)
+    spec = services.CreateSpec(snapshot=snapshot.id, size=form.cleaned_data["size"], ttl_s=form.cleaned_data["ttl_s"])
+    try:
+        launch, _ = services.launch_create(team=membership.team, key=None, spec=spec, count=form.cleaned_data["count"])
+    except ApiError as error:
+        messages.error(request, error.message)
+        return redirect("console:snapshot", snapshot_id=snapshot.id)
+    messages.success(request, f"Launching {launch.count} forks of “{snapshot.name}”.")
+    return redirect("console:launch", launch_id=launch.id)
 
 
 # --- network policies -------------------------------------------------------------------------
