@@ -156,7 +156,7 @@ async def wait_ready(
     """Poll until the service answers (seconds it took), or raise ServiceNotReady."""
     started = time.monotonic()
     deadline = started + service["timeout_s"]
-    delay = 0.005
+    delay = 0.001  # most services answer within milliseconds of starting
     while True:
         if await probe(service, open_socket, run):
             return time.monotonic() - started
@@ -167,4 +167,4 @@ async def wait_ready(
                 service=service["name"],
             )
         await asyncio.sleep(delay)
-        delay = min(delay * 2, 0.1)
+        delay = min(delay * 2, 0.05)
