@@ -63,11 +63,27 @@ struct reply {
     char buffer[REPLY_SIZE];
     size_t length;
 };
-static char message[MAX_MESSAGE + 1] __attribute__((aligned(4096)));
-static struct spawn_request request __attribute__((aligned(4096)));
-static struct confinement confinement __attribute__((aligned(4096)));
-static struct reply answer __attribute__((aligned(4096)));
-static char failed_target[MAX_FIELD + 64] __attribute__((aligned(4096)));
+/* Whole pages each: the linker fills the rest of an object's last page with
+ * other variables, and a page half ours could not be given back. */
+#define PAGE_ROUNDED(size) ((((size) + 4095) / 4096) * 4096)
+#define OWN_PAGES __attribute__((aligned(4096)))
+static char message[PAGE_ROUNDED(MAX_MESSAGE + 1)] OWN_PAGES;
+static char failed_target[PAGE_ROUNDED(MAX_FIELD + 64)] OWN_PAGES;
+static union {
+    struct spawn_request value;
+    char pages[PAGE_ROUNDED(sizeof(struct spawn_request))];
+} request_pages OWN_PAGES;
+static union {
+    struct confinement value;
+    char pages[PAGE_ROUNDED(sizeof(struct confinement))];
+} confinement_pages OWN_PAGES;
+static union {
+    struct reply value;
+    char pages[PAGE_ROUNDED(sizeof(struct reply))];
+} answer_pages OWN_PAGES;
+static struct spawn_request *const request = &request_pages.value;
+static struct confinement *const confinement = &confinement_pages.value;
+static struct reply *const answer = &answer_pages.value;
 static int configured;
 
 struct cursor {
@@ -128,22 +144,22 @@ static int send_reply(const struct reply *reply) {
 }
 
 static int reply_ok(const char *token, pid_t pid) {
-    answer.length = 0;
-    reply_field(&answer, "ok");
-    reply_field(&answer, token);
-    reply_number(&answer, pid);
-    return send_reply(&answer);
+    answer->length = 0;
+    reply_field(answer, "ok");
+    reply_field(answer, token);
+    reply_number(answer, pid);
+    return send_reply(answer);
 }
 
 static int reply_error(const char *token, pid_t pid, const char *step, int error, const char *target) {
-    answer.length = 0;
-    reply_field(&answer, "error");
-    reply_field(&answer, token);
-    reply_number(&answer, pid);
-    reply_field(&answer, step);
-    reply_number(&answer, error);
-    reply_field(&answer, target);
-    return send_reply(&answer);
+    answer->length = 0;
+    reply_field(answer, "error");
+    reply_field(answer, token);
+    reply_number(answer, pid);
+    reply_field(answer, step);
+    reply_number(answer, error);
+    reply_field(answer, target);
+    return send_reply(answer);
 }
 
 /* --- config --------------------------------------------------------------------- */
@@ -152,13 +168,13 @@ static int read_filter(int fd) {
     struct stat info;
     if (fstat(fd, &info) < 0) return -1;
     if (!S_ISREG(info.st_mode) || info.st_size <= 0 || info.st_size % 8 != 0 ||
-        info.st_size > (off_t)sizeof confinement.filter) {
+        info.st_size > (off_t)sizeof confinement->filter) {
         errno = EINVAL;
         return -1;
     }
     size_t done = 0, size = (size_t)info.st_size;
     while (done < size) {
-        ssize_t got = pread(fd, confinement.filter + done, size - done, (off_t)done);
+        ssize_t got = pread(fd, confinement->filter + done, size - done, (off_t)done);
         if (got < 0 && errno == EINTR) continue;
         if (got <= 0) {
             if (got == 0) errno = EIO;
@@ -166,7 +182,7 @@ static int read_filter(int fd) {
         }
         done += (size_t)got;
     }
-    confinement.filter_length = (uint16_t)(size / 8);
+    confinement->filter_length = (uint16_t)(size / 8);
     return 0;
 }
 
@@ -176,7 +192,7 @@ static int configure(struct cursor *cursor, const int *fds, int fd_count) {
         return reply_error("config", 0, "parse config", EINVAL, "config");
     if (configured) return reply_error("config", 0, "parse config", EBUSY, "config");
     if (read_filter(fds[0]) < 0) return reply_error("config", 0, "read seccomp program", errno, "seccomp.bpf");
-    confinement.kept_capabilities = kept;
+    confinement->kept_capabilities = kept;
     configured = 1;
     return reply_ok("config", 0);
 }
@@ -261,32 +277,32 @@ static const char *parse_step(struct cursor *cursor, struct step *step, int *see
 /* Fills `request`; returns the name of the first bad field, or NULL. */
 static const char *parse_spawn(struct cursor *cursor) {
     uint64_t number;
-    memset(&request, 0, sizeof request);
-    request.token = take_string(cursor, 32);
-    if (!request.token || !request.token[0]) return "token";
-    for (const char *digit = request.token; *digit; digit++)
+    memset(request, 0, sizeof *request);
+    request->token = take_string(cursor, 32);
+    if (!request->token || !request->token[0]) return "token";
+    for (const char *digit = request->token; *digit; digit++)
         if (*digit < '0' || *digit > '9') return "token";
-    request.hostname = take_string(cursor, 64);  /* HOST_NAME_MAX */
-    if (!request.hostname || !request.hostname[0]) return "hostname";
+    request->hostname = take_string(cursor, 64);  /* HOST_NAME_MAX */
+    if (!request->hostname || !request->hostname[0]) return "hostname";
     if (take_number(cursor, UINT32_MAX, &number) < 0) return "uid_base";
-    request.uid_base = (uint32_t)number;
+    request->uid_base = (uint32_t)number;
     if (take_number(cursor, UINT32_MAX, &number) < 0 || number == 0) return "uid_count";
-    request.uid_count = (uint32_t)number;
+    request->uid_count = (uint32_t)number;
     /* The map's last id must fit, and (uid_t)-1 is never a valid id. */
-    if ((uint64_t)request.uid_base + request.uid_count > UINT32_MAX) return "uid_count";
-    if (take_number(cursor, 1 << 30, &request.nofile) < 0 || request.nofile == 0) return "nofile";
+    if ((uint64_t)request->uid_base + request->uid_count > UINT32_MAX) return "uid_count";
+    if (take_number(cursor, 1 << 30, &request->nofile) < 0 || request->nofile == 0) return "nofile";
     if (take_number(cursor, MAX_CGROUPS, &number) < 0) return "cgroup count";
-    request.cgroup_count = (size_t)number;
-    for (size_t index = 0; index < request.cgroup_count; index++) {
+    request->cgroup_count = (size_t)number;
+    for (size_t index = 0; index < request->cgroup_count; index++) {
         const char *path = take_string(cursor, MAX_FIELD);
         if (!path || path[0] != '/') return "cgroup path";
-        request.cgroup_procs[index] = path;
+        request->cgroup_procs[index] = path;
     }
     if (take_number(cursor, MAX_STEPS, &number) < 0) return "step count";
-    request.step_count = (size_t)number;
+    request->step_count = (size_t)number;
     int seen_root = 0, seen_pivot = 0;
-    for (size_t index = 0; index < request.step_count; index++) {
-        const char *bad = parse_step(cursor, &request.steps[index], &seen_root, &seen_pivot);
+    for (size_t index = 0; index < request->step_count; index++) {
+        const char *bad = parse_step(cursor, &request->steps[index], &seen_root, &seen_pivot);
         if (bad) return bad;
     }
     /* The plan must end in the new root: a sandbox never keeps the host's tree. */
@@ -316,16 +332,16 @@ static int write_all(const char *path, const char *text) {
 static int prepare_child(pid_t pid, const char **step, char *target, size_t target_size) {
     char text[64];
     snprintf(text, sizeof text, "%d", (int)pid);
-    for (size_t index = 0; index < request.cgroup_count; index++) {
-        if (write_all(request.cgroup_procs[index], text) < 0) {
+    for (size_t index = 0; index < request->cgroup_count; index++) {
+        if (write_all(request->cgroup_procs[index], text) < 0) {
             *step = "place in cgroup";
-            snprintf(target, target_size, "%s", request.cgroup_procs[index]);
+            snprintf(target, target_size, "%s", request->cgroup_procs[index]);
             return -1;
         }
     }
     /* Root inside is uid_base outside.  setgroups stays allowed: the map is
      * written by a privileged parent, and the child needs setgroups([]). */
-    snprintf(text, sizeof text, "0 %u %u\n", request.uid_base, request.uid_count);
+    snprintf(text, sizeof text, "0 %u %u\n", request->uid_base, request->uid_count);
     static const char *const maps[] = {"uid_map", "gid_map"};
     for (int index = 0; index < 2; index++) {
         snprintf(target, target_size, "/proc/%d/%s", (int)pid, maps[index]);
@@ -346,12 +362,12 @@ static int is_type(int fd, mode_t type) {
 static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
     const char *bad = parse_spawn(cursor);
     if (!bad && !configured) bad = "not configured";
-    const char *token = request.token && request.token[0] ? request.token : "0";
+    const char *token = request->token && request->token[0] ? request->token : "0";
     if (!bad && (fd_count != 2 || !is_type(fds[0], S_IFSOCK) || !is_type(fds[1], S_IFIFO)))
         bad = "file descriptors";
     if (bad) return reply_error(token, 0, "parse request", EINVAL, bad);
-    request.listen_fd = fds[0];
-    request.ready_fd = fds[1];
+    request->listen_fd = fds[0];
+    request->ready_fd = fds[1];
 
     /* The child waits on this until it sits in its cgroups and has its id
      * maps: before that it is nobody in its user namespace, and what it
@@ -360,20 +376,20 @@ static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
      * (MSG_NOSIGNAL) where a write to a pipe would SIGPIPE us. */
     int sync[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0)
-        return reply_error(token, 0, "make sync socket", errno, request.hostname);
+        return reply_error(token, 0, "make sync socket", errno, request->hostname);
     /* A raw clone, like fork: the child is at once PID 1 of its new pid
      * namespace, no second fork.  CLONE_PARENT gives it our parent (the
      * spawner); its exit signal is then ours, SIGCHLD. */
     long pid = syscall(SYS_clone, CLONE_PARENT | NAMESPACES | SIGCHLD, 0, 0, 0, 0);
     if (pid == 0) {
         close(sync[1]);
-        confine_and_serve(&request, &confinement, sync[0]);
+        confine_and_serve(request, confinement, sync[0]);
     }
     int clone_errno = errno;
     close(sync[0]);
     if (pid < 0) {
         close(sync[1]);
-        return reply_error(token, 0, "clone", clone_errno, request.hostname);
+        return reply_error(token, 0, "clone", clone_errno, request->hostname);
     }
     const char *step = NULL;
     int result;
@@ -405,9 +421,9 @@ static void release(void *start, size_t size) {
 
 void zygote_release_memory(void) {
     release(message, sizeof message);
-    release(&request, sizeof request);
-    release(&confinement, sizeof confinement);
-    release(&answer, sizeof answer);
+    release(&request_pages, sizeof request_pages);
+    release(&confinement_pages, sizeof confinement_pages);
+    release(&answer_pages, sizeof answer_pages);
     release(failed_target, sizeof failed_target);
 }
 
