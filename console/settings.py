@@ -164,6 +164,12 @@ CELERY_BEAT_SCHEDULE_FILENAME = str(DATA_DIR / "celerybeat-schedule")
 FORKYARD_REGION = env.str("FORKYARD_REGION", default="local")
 FORKYARD_HOST_NAME = env.str("FORKYARD_HOST_NAME", default=os.uname().nodename)
 FORKYARD_ENGINE_SOCKET = env.str("FORKYARD_ENGINE_SOCKET", default="/run/forkyard/engine.sock")
+# How the web servers and other hosts' workers reach this host's engine: its
+# socket when everything runs on one machine; tcp://<private address>:<port>
+# when hosts join (the engine listens there with FORKYARD_ENGINE_LISTEN), with
+# the token every engine of the deployment shares.
+FORKYARD_ENGINE_ADDRESS = env.str("FORKYARD_ENGINE_ADDRESS", default=FORKYARD_ENGINE_SOCKET)
+FORKYARD_ENGINE_TOKEN = env.str("FORKYARD_ENGINE_TOKEN", default="")
 FORKYARD_HOST_STALE_S = env.int("FORKYARD_HOST_STALE_S", default=30)
 FORKYARD_CREATE_WAIT_S = env.float("FORKYARD_CREATE_WAIT_S", default=30.0)
 FORKYARD_LAUNCH_CHUNK = env.int("FORKYARD_LAUNCH_CHUNK", default=250)

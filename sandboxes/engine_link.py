@@ -3,6 +3,10 @@
 Workers (threads) use blocking clients, one per thread and host.  The web
 server (one asyncio loop under Daphne) keeps a small pool of async
 connections per host: an engine connection serves one call at a time.
+
+A host's address is what it registered (``FORKYARD_ENGINE_ADDRESS``): a
+socket path on one machine, ``tcp://...`` across machines, with the shared
+``FORKYARD_ENGINE_TOKEN``.  A process on the host itself takes the socket.
 """
 
 from __future__ import annotations
@@ -22,13 +26,26 @@ POOL_SIZE = 64
 _local = threading.local()
 
 
-def engine(socket_path: str) -> EngineClient:
+def route(address: str) -> str:
+    """This host's own engine by its socket; any other by its address."""
+    from django.conf import settings
+
+    return settings.FORKYARD_ENGINE_SOCKET if address == settings.FORKYARD_ENGINE_ADDRESS else address
+
+
+def _token() -> str | None:
+    from django.conf import settings
+
+    return settings.FORKYARD_ENGINE_TOKEN or None
+
+
+def engine(address: str) -> EngineClient:
     """A blocking client for this thread (kept open between calls)."""
     clients: dict[str, EngineClient] = getattr(_local, "clients", None) or {}
     _local.clients = clients
-    client = clients.get(socket_path)
+    client = clients.get(address)
     if client is None:
-        client = clients[socket_path] = EngineClient(socket_path, timeout_s=300)
+        client = clients[address] = EngineClient(route(address), timeout_s=300, token=_token())
     return client
 
 
@@ -41,7 +58,7 @@ class AsyncEnginePool:
     @asynccontextmanager
     async def client(self) -> AsyncIterator[AsyncEngineClient]:
         async with self.slots:
-            client = self.idle.pop() if self.idle else AsyncEngineClient(self.socket_path)
+            client = self.idle.pop() if self.idle else AsyncEngineClient(route(self.socket_path), token=_token())
             reusable = False
             try:
                 yield client

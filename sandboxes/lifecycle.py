@@ -395,7 +395,7 @@ def host_heartbeat(name: str, socket_path: str) -> Host:
         name=name,
         defaults={
             "queue": f"host.{name}",
-            "engine_socket": socket_path,
+            "engine_socket": settings.FORKYARD_ENGINE_ADDRESS,  # how everyone else reaches it
             "region": settings.FORKYARD_REGION,
             "cpus": info["cpus"],
             "memory_mib": info["memory_mib"],

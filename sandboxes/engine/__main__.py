@@ -37,6 +37,9 @@ def _serve(config: EngineConfig) -> int:
         report = await engine.start()
         server = EngineServer(engine)
         await server.listen()
+        if config.listen:
+            await server.listen_tcp(config.listen, config.token)
+            logging.getLogger("forkyard.engine").info("also listening on tcp %s (token required)", config.listen)
         logging.getLogger("forkyard.engine").info(
             "listening on %s (recovery: adopted %s, reaped %s, cgroups removed %s)",
             config.socket_path,

@@ -1,8 +1,13 @@
-"""Clients of the engine's local API: the control plane's tasks, the tests, the CLI.
+"""Clients of the engine's API: the control plane's tasks, the tests, the CLI.
 
 :class:`EngineClient` is blocking (one connection, one call at a time: give
 each thread its own); :class:`AsyncEngineClient` is its asyncio twin.  Both
 raise the engine's own error classes (:mod:`.errors`).
+
+An address is the engine's Unix socket path, or ``tcp://host:port`` for an
+engine on another machine (it listens there with ``FORKYARD_ENGINE_LISTEN``);
+over TCP the client first presents the token (``token=``, or
+``FORKYARD_ENGINE_TOKEN``).
 """
 
 from __future__ import annotations
@@ -20,6 +25,26 @@ from .errors import Unavailable, from_dict
 from .protocol import CHUNK, DATA, END, JSON, decode_json, encode, encode_json, read_frame, read_frame_sync
 
 DEFAULT_SOCKET = Path(os.environ.get("FORKYARD_ENGINE_SOCKET", "/run/forkyard/engine.sock"))
+
+
+def tcp_address(address: str) -> tuple[str, int] | None:
+    """(host, port) of a ``tcp://host:port`` address; None for a socket path."""
+    if not address.startswith("tcp://"):
+        return None
+    host, _, port = address[len("tcp://") :].rpartition(":")
+    if not host or not port.isdigit():
+        raise Unavailable(f"engine address {address!r} is not tcp://host:port", address=address)
+    return host.strip("[]"), int(port)
+
+
+def _hello(token: str | None) -> bytes:
+    return encode_json({"op": "hello", "args": {"token": token or os.environ.get("FORKYARD_ENGINE_TOKEN", "")}})
+
+
+def _check_hello(kind: bytes, payload: bytes, address: str) -> None:
+    answer = decode_json(payload) if kind == JSON else {}
+    if not answer.get("ok"):
+        raise Unavailable(f"the engine at {address} refused the connection: {(answer.get('error') or {}).get('message')}")
 
 
 @dataclass
@@ -82,9 +107,10 @@ def _chunks_of(data: bytes | Iterable[bytes]) -> Iterator[bytes]:
 
 
 class EngineClient:
-    def __init__(self, socket_path: str | Path | None = None, timeout_s: float | None = None) -> None:
+    def __init__(self, socket_path: str | Path | None = None, timeout_s: float | None = None, token: str | None = None) -> None:
         self.socket_path = str(socket_path or DEFAULT_SOCKET)
         self.timeout_s = timeout_s
+        self.token = token
         self._connection: socket.socket | None = None
         self._mid_stream = False
 
@@ -106,15 +132,24 @@ class EngineClient:
             self.close()
             self._mid_stream = False
         if self._connection is None:
-            connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
+            tcp = tcp_address(self.socket_path)
+            family = socket.AF_UNIX if tcp is None else socket.AF_INET6 if ":" in tcp[0] else socket.AF_INET
+            connection = socket.socket(family, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
             connection.settimeout(self.timeout_s)
             try:
-                connection.connect(self.socket_path)
+                connection.connect(self.socket_path if tcp is None else tcp)
+                if tcp is not None:
+                    connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    connection.sendall(_hello(self.token))
+                    _check_hello(*read_frame_sync(connection), self.socket_path)
             except OSError as error:
                 connection.close()
                 raise Unavailable(
-                    f"cannot reach the engine at {self.socket_path}: {error.strerror}", socket=self.socket_path
+                    f"cannot reach the engine at {self.socket_path}: {error.strerror or error}", socket=self.socket_path
                 ) from error
+            except Unavailable:
+                connection.close()
+                raise
             self._connection = connection
         return self._connection
 
@@ -256,8 +291,9 @@ class EngineClient:
 class AsyncEngineClient:
     """One connection; concurrent callers take turns (open several for parallelism)."""
 
-    def __init__(self, socket_path: str | Path | None = None) -> None:
+    def __init__(self, socket_path: str | Path | None = None, token: str | None = None) -> None:
         self.socket_path = str(socket_path or DEFAULT_SOCKET)
+        self.token = token
         self._streams: tuple[asyncio.StreamReader, asyncio.StreamWriter] | None = None
         self._lock = asyncio.Lock()
 
@@ -268,10 +304,27 @@ class AsyncEngineClient:
 
     async def _connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         if self._streams is None:
+            tcp = tcp_address(self.socket_path)
             try:
-                self._streams = await asyncio.open_unix_connection(self.socket_path, limit=1 << 25)
-            except OSError as error:
-                raise Unavailable(f"cannot reach the engine at {self.socket_path}: {error.strerror}") from error
+                if tcp is None:
+                    streams = await asyncio.open_unix_connection(self.socket_path, limit=1 << 25)
+                else:
+                    streams = await asyncio.open_connection(*tcp, limit=1 << 25)
+                    sock = streams[1].get_extra_info("socket")
+                    if sock is not None:
+                        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    streams[1].write(_hello(self.token))
+                    await streams[1].drain()
+                    try:
+                        _check_hello(*await read_frame(streams[0]), self.socket_path)
+                    except BaseException:
+                        streams[1].close()
+                        raise
+            except (OSError, asyncio.IncompleteReadError) as error:
+                raise Unavailable(
+                    f"cannot reach the engine at {self.socket_path}: {getattr(error, 'strerror', None) or error}"
+                ) from error
+            self._streams = streams
         return self._streams
 
     async def call(

@@ -62,6 +62,11 @@ class EngineConfig:
     tombstone_s: int = 24 * 3600
     # Sandboxes kept ready so that a create is a claim: "template:size=count,...".
     warm_pools: str = "base:tiny=8"
+    # Also listen on TCP ("host:port"), for a control plane on other machines;
+    # every connection must first present ``token``.  Unencrypted: bind it to
+    # a private network (or a WireGuard interface).  Empty: the Unix socket only.
+    listen: str = ""
+    token: str = ""
     sizes: dict[str, Size] = field(default_factory=lambda: dict(DEFAULT_SIZES))
 
     @property

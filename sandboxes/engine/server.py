@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import hmac
 import logging
 import os
+import socket
 import threading
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
@@ -23,6 +25,7 @@ from .protocol import DATA, END, JSON, ProtocolError, encode, encode_json, read_
 
 log = logging.getLogger("forkyard.engine.server")
 QUEUE_DEPTH = 8
+HELLO_TIMEOUT_S = 5.0
 
 
 class Body:
@@ -428,6 +431,8 @@ class EngineServer:
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
         self.server: asyncio.AbstractServer | None = None
+        self.tcp_server: asyncio.AbstractServer | None = None
+        self.token = b""
 
     async def listen(self, path: Path | None = None) -> None:
         path = path or self.engine.config.socket_path
@@ -439,10 +444,44 @@ class EngineServer:
         self.server = await asyncio.start_unix_server(self._connection, str(path), limit=protocol.MAX_FRAME + 16)
         os.chmod(path, 0o600)
 
+    async def listen_tcp(self, address: str, token: str) -> None:
+        """Also answer on TCP, to callers that first present the token."""
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise InvalidRequest(f"listen address {address!r} is not host:port", field="listen")
+        if len(token) < 16:
+            raise InvalidRequest("a TCP listener needs a token of at least 16 characters", field="token")
+        self.token = token.encode()
+        self.tcp_server = await asyncio.start_server(
+            self._tcp_connection, host.strip("[]"), int(port), limit=protocol.MAX_FRAME + 16
+        )
+
+    async def _tcp_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        """The first frame must be ``hello`` with the token; then the same protocol as the socket."""
+        sock = writer.get_extra_info("socket")
+        if sock is not None:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        try:
+            kind, payload = await asyncio.wait_for(read_frame(reader), HELLO_TIMEOUT_S)
+            request = protocol.decode_json(payload) if kind == JSON else {}
+            presented = str((request.get("args") or {}).get("token", "")).encode()
+            if request.get("op") != "hello" or not hmac.compare_digest(presented, self.token):
+                error = {"code": "unauthorized", "message": "present the engine's token first (op hello)", "details": {}}
+                writer.write(encode_json({"ok": False, "error": error}))
+                await writer.drain()
+                writer.close()
+                return
+        except (TimeoutError, ProtocolError, ConnectionError, asyncio.IncompleteReadError, ValueError, AttributeError):
+            writer.close()
+            return
+        writer.write(encode_json({"ok": True, "result": {"version": VERSION}}))
+        await self._connection(reader, writer)
+
     async def close(self) -> None:
-        if self.server is not None:
-            self.server.close()
-            await self.server.wait_closed()
+        for server in (self.server, self.tcp_server):
+            if server is not None:
+                server.close()
+                await server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:

@@ -29,8 +29,9 @@ ENGINE_ROOT = Path(os.environ.get("FORKYARD_TEST_ENGINE_ROOT", str(PROJECT_ROOT)
 class EngineProcess:
     """``forkyard-engine serve`` in a subprocess with its own state, run dir and cgroups."""
 
-    def __init__(self, base_dir: Path, tag: str | None = None, warm_pools: str = "") -> None:
+    def __init__(self, base_dir: Path, tag: str | None = None, warm_pools: str = "", env: dict[str, str] | None = None) -> None:
         self.warm_pools = warm_pools
+        self.extra_env = dict(env or {})  # FORKYARD_ENGINE_* settings of this engine's own
         self.tag = tag or uuid.uuid4().hex[:8]
         self.base_dir = base_dir
         self.config = EngineConfig(
@@ -54,6 +55,7 @@ class EngineProcess:
             }
         )
         environment.pop("FORKYARD_ENGINE_CRASH_AT", None)
+        environment.update(self.extra_env)
         environment.update(extra or {})
         return environment
 
