@@ -8,10 +8,14 @@ engine's create is idempotent on the sandbox's id (sent as its key).
 
 from __future__ import annotations
 
+import fcntl
 import logging
+import tempfile
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 from django.conf import settings
@@ -98,21 +102,54 @@ class SnapshotNotOnHost(engine_errors.EngineError):
 def ensure_snapshot_on_host(host: Host, snapshot: Snapshot) -> None:
     """Make sure this host's engine holds ``snapshot`` (a template named by its id) before forking it here.
 
-    A no-op when the engine already has it.  Otherwise its layers must come
-    from a host that holds them (``snapshot.hosts``) through the engine's
-    ``snapshots.export`` and ``snapshots.import``: that copy is not wired yet,
-    so a fork placed on a host without the snapshot fails with
-    ``snapshot_unavailable``.  Raises ``Unavailable`` if the engine does not answer.
+    A no-op when the engine already has it.  Otherwise it is copied once from
+    a host that holds it (``snapshot.hosts``): that engine's
+    ``snapshots.export`` streams straight into this one's ``snapshots.import``,
+    only the layers this host lacks, each checked against its content address
+    on arrival.  Concurrent chunks of a launch on this host wait for the one
+    copy (a lock file per snapshot).  No holder reachable: ``SnapshotNotOnHost``.
+    Raises ``Unavailable`` if this host's engine does not answer.
     """
-    try:
-        engine(host.engine_socket).call("templates.get", name=snapshot.id)
-    except engine_errors.TemplateNotFound:
-        pass
-    else:
+    local = engine(host.engine_socket)
+    if _holds(local, snapshot):
         snapshot.hosts.add(host)
         return
-    # TODO(engine lead): copy the snapshot here from one of snapshot.hosts, then snapshot.hosts.add(host).
-    raise SnapshotNotOnHost(f"host {host.name} does not hold snapshot {snapshot.id}", snapshot=snapshot.id, host=host.name)
+    lock_path = Path(tempfile.gettempdir()) / f"forkyard-copy-{host.name}-{snapshot.id}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if _holds(local, snapshot):  # another chunk copied it while we waited
+            snapshot.hosts.add(host)
+            return
+        have = sorted({layer for template in local.call("templates.list")["templates"] for layer in template["layers"]})
+        failures = []
+        for source in snapshot.hosts.exclude(pk=host.pk).filter(
+            last_heartbeat__gte=timezone.now() - timedelta(seconds=settings.FORKYARD_HOST_STALE_S)
+        ):
+            started = time.monotonic()
+            try:
+                _, chunks = engine(source.engine_socket).stream("snapshots.export", {"name": snapshot.id, "have": have})
+                local.call("snapshots.import", body=chunks or [])
+            except engine_errors.EngineError as error:
+                failures.append(f"{source.name}: {error}")
+                log.warning("copying snapshot %s from %s to %s failed: %s", snapshot.id, source.name, host.name, error)
+                continue
+            snapshot.hosts.add(host)
+            log.info("copied snapshot %s from %s to %s in %.2fs", snapshot.id, source.name, host.name, time.monotonic() - started)
+            return
+    raise SnapshotNotOnHost(
+        f"host {host.name} does not hold snapshot {snapshot.id}, and no host that does could send it"
+        + (f" ({'; '.join(failures)})" if failures else ""),
+        snapshot=snapshot.id,
+        host=host.name,
+    )
+
+
+def _holds(client: Any, snapshot: Snapshot) -> bool:
+    try:
+        client.call("templates.get", name=snapshot.id)
+    except engine_errors.TemplateNotFound:
+        return False
+    return True
 
 
 def _snapshots_missing(host: Host, rows: list[Sandbox]) -> dict[str, engine_errors.EngineError]:

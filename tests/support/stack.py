@@ -29,6 +29,8 @@ from tests.support.reaper import Reaper
 
 POSTGRES_ADMIN_URL = os.environ.get("FORKYARD_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/test")
 REDIS_TEST_URL = os.environ.get("FORKYARD_TEST_REDIS", "redis://127.0.0.1:6379/0")
+# Every engine of a test deployment shares it (an engine on TCP asks for it first).
+ENGINE_TOKEN = "test-engine-token-" + uuid.uuid4().hex
 
 
 def _free_port() -> int:
@@ -46,6 +48,13 @@ class Team:
 
 
 @dataclass
+class ExtraHost:
+    name: str
+    engine: EngineProcess
+    worker_pid: int
+
+
+@dataclass
 class Stack:
     base_dir: Path
     backend: str = field(default_factory=lambda: os.environ.get("FORKYARD_TEST_BACKEND", "embedded"))
@@ -56,6 +65,7 @@ class Stack:
     web_pid: int | None = None
     database: str | None = None
     teams: list[Team] = field(default_factory=list)
+    extra_hosts: list[ExtraHost] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -77,6 +87,7 @@ class Stack:
                 "DJANGO_SETTINGS_MODULE": "console.settings",
                 "FORKYARD_DATA_DIR": str(self.base_dir / "web"),
                 "FORKYARD_ENGINE_SOCKET": str(self.engine.config.socket_path),
+                "FORKYARD_ENGINE_TOKEN": ENGINE_TOKEN,
                 "FORKYARD_HOST_NAME": self.host_name,
                 "FORKYARD_CONTROL_QUEUE": f"control-{self.tag}",
                 "FORKYARD_REDIS_PREFIX": f"fytest-{self.tag}",
@@ -152,8 +163,33 @@ class Stack:
         return self.manage("shell", "-c", code)
 
     def start_worker(self) -> None:
-        log = self.base_dir / "worker.log"
-        self.worker_pid = Reaper.get().spawn(
+        self.worker_pid = self._worker(f"control-{self.tag},host.{self.host_name}", self.environment(), "worker")
+
+    def add_host(self, suffix: str = "2") -> ExtraHost:
+        """Another host: its own engine, reached over TCP with the stack's token, and its own worker."""
+        port = _free_port()
+        engine = EngineProcess(
+            self.base_dir / f"engine-{suffix}",
+            tag=f"{self.tag}{suffix}",
+            env={"FORKYARD_ENGINE_LISTEN": f"127.0.0.1:{port}", "FORKYARD_ENGINE_TOKEN": ENGINE_TOKEN},
+        )
+        engine.start()
+        with engine.client() as client:
+            client.call("templates.build_base", name="base", replace=True)
+        name = f"{self.host_name}-{suffix}"
+        environment = {
+            **self.environment(),
+            "FORKYARD_ENGINE_SOCKET": str(engine.config.socket_path),
+            "FORKYARD_ENGINE_ADDRESS": f"tcp://127.0.0.1:{port}",
+            "FORKYARD_HOST_NAME": name,
+        }
+        host = ExtraHost(name, engine, self._worker(f"host.{name}", environment, f"worker-{suffix}"))
+        self.extra_hosts.append(host)
+        return host
+
+    def _worker(self, queues: str, environment: dict[str, str], name: str) -> int:
+        log = self.base_dir / f"{name}.log"
+        return Reaper.get().spawn(
             [
                 sys.executable,
                 "-m",
@@ -162,20 +198,20 @@ class Stack:
                 "console",
                 "worker",
                 "-Q",
-                f"control-{self.tag},host.{self.host_name}",
+                queues,
                 "--pool",
                 "threads",
                 "-c",
                 "8",
                 "-B",
                 "-n",
-                f"worker-{self.tag}@%h",
+                f"{name}-{self.tag}@%h",
                 "-l",
                 "info",
                 "--schedule",
-                str(self.base_dir / "beat-schedule"),
+                str(self.base_dir / f"{name}-beat-schedule"),
             ],
-            self.environment(),
+            environment,
             str(PROJECT_ROOT),
             str(log),
         )
@@ -197,13 +233,15 @@ class Stack:
                 time.sleep(0.1)
         raise RuntimeError(f"the web server did not start:\n{(self.base_dir / 'web.log').read_text()[-3000:]}")
 
-    def wait_for_host(self, timeout_s: float = 30) -> None:
+    def wait_for_host(self, timeout_s: float = 30, name: str | None = None) -> None:
+        """Until the host (this stack's first, or ``name``) has registered and reported its templates."""
+        name = name or self.host_name
         deadline = time.monotonic() + timeout_s
         with self.client() as client:
             while time.monotonic() < deadline:
                 templates = client.get("/api/v1/templates").json()
                 if isinstance(templates, list) and any(
-                    template["name"] == "base" and self.host_name in template["hosts"] for template in templates
+                    template["name"] == "base" and name in template["hosts"] for template in templates
                 ):
                     return
                 time.sleep(0.1)
@@ -226,6 +264,9 @@ class Stack:
     def stop(self) -> None:
         self.kill(self.web_pid)
         self.kill(self.worker_pid)
+        for host in self.extra_hosts:
+            self.kill(host.worker_pid)
+            host.engine.reclaim()
         if self.engine is not None:
             self.engine.reclaim()
         if self.database:
@@ -243,6 +284,37 @@ class Stack:
         if keep:  # for a post-mortem: the processes' logs outlive the stack
             target = Path(keep) / f"stack-{self.tag}"
             target.mkdir(parents=True, exist_ok=True)
-            for log in [*self.base_dir.glob("*.log"), *self.base_dir.glob("engine/*.log"), *self.base_dir.glob("engine/state/*.log")]:
+            for log in [
+                *self.base_dir.glob("*.log"),
+                *self.base_dir.glob("engine/*.log"),
+                *self.base_dir.glob("engine/state/*.log"),
+            ]:
                 shutil.copy(log, target / log.name)
         shutil.rmtree(self.base_dir, ignore_errors=True)
+
+
+# --- launches, through the API (for any test holding a team's client) ---------------------------
+
+
+def wait_for_launch(client: httpx.Client, launch_id: str, states: set[str], timeout_s: float = 120) -> dict[str, Any]:
+    """The launch once its state is one of ``states``; fails naming where it stuck."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        launch: dict[str, Any] = client.get(f"/api/v1/launches/{launch_id}").json()
+        if launch["state"] in states:
+            return launch
+        if time.monotonic() > deadline:
+            raise AssertionError(f"launch {launch_id} stuck: {launch}")
+        time.sleep(0.2)
+
+
+def launch_members(client: httpx.Client, launch_id: str) -> list[dict[str, Any]]:
+    """Every sandbox of a launch, all pages of them."""
+    members: list[dict[str, Any]] = []
+    cursor = None
+    while True:
+        page = client.get(f"/api/v1/launches/{launch_id}/sandboxes", params={"cursor": cursor} if cursor else {}).json()
+        members += page["sandboxes"]
+        cursor = page["next_cursor"]
+        if not cursor:
+            return members
