@@ -114,6 +114,10 @@
     set("c-failed", values.failed.toLocaleString());
     set("c-elapsed", (values.elapsedMs / 1000).toFixed(1) + " s");
     set("c-cost", "$" + (values.costMicro / 1e6).toFixed(4));
+    // The state printed with the page goes stale; "ready" follows the API's own rule
+    // (sandboxes/selectors.py launch_out): nothing queued or creating any more.
+    const state = document.getElementById("launch-state");
+    if (state && state.textContent === "creating" && values.queued === 0 && values.creating === 0) state.textContent = "ready";
     const done = values.running + values.failed + values.ended;
     const now = values.elapsedMs / 1000;
     if (now - lastRate.t >= 0.5) {
@@ -158,5 +162,10 @@
     };
   }
   connect();
-  window.forkyardBoard = { states: () => states, counters: () => counters };
+  // A read-only view for tests (tests/browser) and the curious: copies of the pixel
+  // states (sandboxes/board_protocol.py's numbering, in launch order) and the last counters.
+  window.forkyardBoard = {
+    states: () => (states ? states.slice() : null),
+    counters: () => (counters ? Object.assign({}, counters) : null),
+  };
 })();
