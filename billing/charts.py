@@ -194,10 +194,21 @@ def _figure(series: Series, metric: str, title: str) -> dict[str, Any]:
         margin={"l": 60, "r": 10, "t": 40, "b": 30},
         legend={"orientation": "h", "x": 1, "xanchor": "right", "y": 1.0, "yanchor": "bottom"},
         yaxis={"title": {"text": "sandbox-seconds" if metric == "seconds" else "USD"}, "rangemode": "tozero"},
-        xaxis={"type": "date"},
+        # The window, always: with no bars plotly would pick a range of its own (the year 2000).
+        xaxis={"type": "date", "range": _window(series)},
     )
+    if not figure.data:
+        figure.add_annotation(text="no usage in this window", showarrow=False, xref="paper", yref="paper", x=0.5, y=0.5)
+        figure.update_yaxes(range=[0, 1])
     figure_json: dict[str, Any] = json.loads(pio.to_json(figure, validate=False))
     return figure_json
+
+
+def _window(series: Series) -> list[str]:
+    if not series.buckets:
+        return []
+    step = series.buckets[1] - series.buckets[0] if len(series.buckets) > 1 else timedelta(hours=1)
+    return [series.buckets[0].isoformat(), (series.buckets[-1] + step).isoformat()]
 
 
 def seconds_figure(series: Series, title: str) -> dict[str, Any]:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import datetime, timedelta
 from decimal import Decimal
 
 import pytest
 from django.utils import timezone
 
-from billing.charts import bucket_starts, usage_series, window_series
+from billing.charts import bucket_starts, seconds_figure, usage_series, window_series
 from billing.models import UsagePeriod
 from billing.selectors import usage
 from billing.services import amount_for
@@ -61,3 +61,13 @@ def test_other_teams_usage_is_not_counted(world: World) -> None:
         team=world.team_b, api_key=world.key_b, kind="running", size="tiny", unit_price=TINY, started_at=now - timedelta(hours=1)
     )
     assert window_series(world.team_a, "24h", "size").milliseconds == {}
+
+
+def test_a_chart_spans_its_window_even_with_nothing_in_it(world: World) -> None:
+    """With no bars plotly picks a range of its own (January 2000): the window is set instead."""
+    series = window_series(world.team_a, "24h", "size")
+    figure = seconds_figure(series, "Sandbox time")
+    start, end = figure["layout"]["xaxis"]["range"]
+    assert datetime.fromisoformat(start) == series.buckets[0]
+    assert datetime.fromisoformat(end) - datetime.fromisoformat(start) == timedelta(hours=24)
+    assert figure["data"] == [] and "no usage" in figure["layout"]["annotations"][0]["text"]
