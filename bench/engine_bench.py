@@ -8,9 +8,13 @@ Measures, on this machine, in one run:
   --rm (runc) and bwrap, where the one-shot run *is* create-to-first-exec;
 * exec round trip of ``true`` (p50, p95): forkyard exec; podman exec into a
   running container; bwrap has no exec (a new bwrap per command is its only way);
-* creates per second for 1,000 sandboxes (forkyard: concurrent clients);
+* creates per second for 1,000 sandboxes (forkyard: concurrent clients), and
+  forkyard's CPU per create while it makes them, by process (engine, spawner,
+  zygote, the sandboxes' own setup) and for the whole machine;
 * host memory per idle sandbox with 1,000 alive (MemTotal - MemAvailable,
   before and after; podman and bwrap measured with fewer, as they cost more).
+  Part of a sandbox's kernel memory grows with the most superblocks the host
+  has had at once (see docs/benchmarks.md): compare runs on one boot.
 
 Prints a table and writes JSON to bench/results/ (latest.json and a dated copy).
 Installs podman and bubblewrap from Debian if they are missing.
@@ -67,6 +71,30 @@ def used_memory_kib() -> int:
     )
 
 
+KERNEL_MEMORY = ("SUnreclaim", "PageTables", "KernelStack", "Percpu")
+
+
+def kernel_memory_kib() -> dict[str, int]:
+    """The kernel's own memory that sandboxes hold (slab, page tables, stacks,
+    per-CPU): unlike used_memory_kib, it barely moves with other processes'
+    heaps, which makes it the steadier measure on a shared machine."""
+    fields = {}
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        key, value = line.split(":", 1)
+        fields[key] = int(value.split()[0])
+    return {key: fields[key] for key in KERNEL_MEMORY}
+
+
+def proportional_set_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
 def settle(timeout_s: float = 30.0) -> None:
     """Drop caches and wait until memory use stops moving: destroyed network
     namespaces, for one, are freed by a kernel worker seconds later."""
@@ -114,6 +142,74 @@ def ensure_peers() -> None:
 # --- forkyard ---------------------------------------------------------------------------
 
 
+def cpu_seconds(pid: int) -> float:
+    """CPU time a process has used, all its threads (schedstat: nanoseconds, not ticks)."""
+    total = 0
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            total += int(Path(f"/proc/{pid}/task/{task}/schedstat").read_text().split()[0])
+    except OSError:
+        pass
+    return total / 1e9
+
+
+def machine_busy_seconds() -> float:
+    fields = [int(value) for value in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (sum(fields) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+
+
+def children_of(parent: int) -> dict[int, str]:
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue
+        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
+            found[int(entry.name)] = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode()
+    return found
+
+
+class CreateCpu:
+    """CPU spent creating a fleet, by process: the engine, the spawner, the zygote
+    (when there is one), and the sandboxes' own inits (their setup before they
+    serve; idle after).  The machine's total counts whatever else runs too."""
+
+    def __init__(self, engine: EngineProcess) -> None:
+        self.engine_pid = engine.pid
+        self.spawner_pid = engine.spawner_pid() or 0
+        self.existing = set(children_of(self.spawner_pid))
+        self.before = self._helpers()
+        self.machine = machine_busy_seconds()
+
+    @property
+    def zygote_pid(self) -> int:
+        zygotes = [pid for pid, comm in children_of(self.spawner_pid).items() if comm == "forkyard-zygote"]
+        return zygotes[0] if zygotes else 0
+
+    def _helpers(self) -> dict[str, float]:
+        zygote = self.zygote_pid
+        return {
+            "engine": cpu_seconds(self.engine_pid),
+            "spawner": cpu_seconds(self.spawner_pid),
+            "zygote": cpu_seconds(zygote) if zygote else 0.0,
+        }
+
+    def per_create_ms(self, count: int) -> dict[str, float]:
+        after = self._helpers()
+        machine = machine_busy_seconds() - self.machine
+        inits = [
+            pid for pid, comm in children_of(self.spawner_pid).items() if comm != "forkyard-zygote" and pid not in self.existing
+        ]
+        result = {name: (after[name] - self.before[name]) * 1000 / count for name in after}
+        result["sandbox"] = sum(cpu_seconds(pid) for pid in inits) * 1000 / max(1, len(inits))
+        result["total"] = sum(result.values())
+        result["machine"] = machine * 1000 / count
+        return {name: round(value, 2) for name, value in result.items()}
+
+
 def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str, Any]:
     results: dict[str, Any] = {}
     with engine.client() as client:
@@ -153,6 +249,7 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
 
     settle()
     before = used_memory_kib()
+    kernel_before = kernel_memory_kib()
     ids: list[str] = []
     workers = 8
 
@@ -160,11 +257,13 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
         with engine.client() as client:
             return [client.create(template="base", size="tiny", ttl_s=3600)["id"] for _ in range(count)]
 
+    cpu = CreateCpu(engine)
     started = time.perf_counter()
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
         for chunk in pool.map(create_many, [fleet // workers] * workers):
             ids.extend(chunk)
     elapsed = time.perf_counter() - started
+    results["cpu_ms_per_create"] = cpu.per_create_ms(len(ids))
     results["creates_per_second"] = round(len(ids) / elapsed, 1)
     results["fleet"] = len(ids)
     results["fleet_create_s"] = round(elapsed, 2)
@@ -185,6 +284,12 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
     time.sleep(2.0)
     settle()
     results["idle_memory_kib"] = round((used_memory_kib() - before) / len(ids), 1)
+    kernel_after = kernel_memory_kib()
+    breakdown = {key: round((kernel_after[key] - kernel_before[key]) / len(ids), 1) for key in KERNEL_MEMORY}
+    zygote = cpu.zygote_pid
+    inits = [pid for pid in children_of(cpu.spawner_pid) if pid not in cpu.existing and pid != zygote]
+    breakdown["init_pss"] = round(sum(proportional_set_kib(pid) for pid in inits) / len(ids), 1)
+    results["idle_memory_breakdown_kib"] = breakdown | {"total": round(sum(breakdown.values()), 1)}
 
     def destroy_many(chunk: list[str]) -> None:
         with engine.client() as client:
@@ -358,6 +463,11 @@ def print_table(report: dict[str, Any]) -> None:
     print(
         f"\nforkyard: {ours['execs_per_second']} execs/s across {ours['fleet']} sandboxes; "
         f"{ours['fleet']} created in {ours['fleet_create_s']} s; {ours['destroys_per_second']} destroys/s"
+    )
+    print("CPU per create (ms): " + ", ".join(f"{name} {value}" for name, value in ours["cpu_ms_per_create"].items()))
+    print(
+        "kernel and init memory per idle sandbox (KiB): "
+        + ", ".join(f"{name} {value}" for name, value in ours["idle_memory_breakdown_kib"].items())
     )
     print("goals: " + ", ".join(f"{name} {'met' if met else 'NOT met'}" for name, met in report["goals_met"].items()))
 
