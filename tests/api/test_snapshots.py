@@ -294,7 +294,9 @@ def test_a_destroyed_sandbox_cannot_be_snapshotted(api):
     api.delete(f"/api/v1/sandboxes/{sandbox['id']}")
     response = api.post(f"/api/v1/sandboxes/{sandbox['id']}/snapshot", json={"name": "late"})
     assert response.status_code == 409
-    assert response.json()["error"]["code"] == "sandbox_not_running" and response.json()["error"]["details"]["state"] == "destroyed"
+    assert (
+        response.json()["error"]["code"] == "sandbox_not_running" and response.json()["error"]["details"]["state"] == "destroyed"
+    )
 
 
 def test_another_team_never_sees_or_uses_a_snapshot(stack, team_b, web_snapshot):
