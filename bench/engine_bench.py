@@ -39,6 +39,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from tests.engine.engines import processes  # noqa: E402
 from tests.support.engine import EngineProcess  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
@@ -159,17 +160,7 @@ def machine_busy_seconds() -> float:
 
 
 def children_of(parent: int) -> dict[int, str]:
-    found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_bytes()
-        except OSError:
-            continue
-        if int(stat[stat.rindex(b")") + 2 :].split()[1]) == parent:
-            found[int(entry.name)] = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode()
-    return found
+    return {pid: name for pid, (name, ppid) in processes().items() if ppid == parent}
 
 
 class CreateCpu:

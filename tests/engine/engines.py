@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -23,3 +24,19 @@ def separate_engine(directory: Path) -> Iterator[EngineProcess]:
     finally:
         engine.reclaim()
         engine.remove_files()
+
+
+def processes() -> dict[int, tuple[str, int]]:
+    """pid -> (command name, parent pid) of every process on the host."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = Path(entry.path, "stat").read_bytes()
+        except OSError:
+            continue  # it exited meanwhile
+        # The name may hold spaces and parentheses: split around the last ')'.
+        name = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode(errors="replace")
+        found[int(entry.name)] = (name, int(stat[stat.rindex(b")") + 2 :].split()[1]))
+    return found

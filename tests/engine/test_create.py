@@ -24,7 +24,7 @@ import pytest
 
 from sandboxes.engine import errors
 from sandboxes.engine.templates import layer_directory_name
-from tests.engine.engines import separate_engine
+from tests.engine.engines import processes, separate_engine
 from tests.support.engine import EngineProcess
 from tests.support.leaks import snapshot_host
 
@@ -72,24 +72,14 @@ def _plant(name: str, replacement: str | bytes):
     return change
 
 
-def _processes() -> dict[int, tuple[str, int, str]]:
-    """pid -> (comm, parent pid, cgroup file) of every process."""
-    found = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = Path(entry.path, "stat").read_bytes()
-            cgroup = Path(entry.path, "cgroup").read_text()
-        except OSError:
-            continue
-        comm = stat[stat.index(b"(") + 1 : stat.rindex(b")")].decode()
-        found[int(entry.name)] = (comm, int(stat[stat.rindex(b")") + 2 :].split()[1]), cgroup)
-    return found
-
-
 def _init_pid(sandbox_id: str) -> int:
-    (pid,) = [pid for pid, (comm, _, cgroup) in _processes().items() if f"fy-{sandbox_id}" in cgroup and comm == "forkyard-init"]
+    def in_sandbox(pid: int) -> bool:
+        try:
+            return f"fy-{sandbox_id}" in Path(f"/proc/{pid}/cgroup").read_text()
+        except OSError:
+            return False
+
+    (pid,) = [pid for pid, (name, _) in processes().items() if name == "forkyard-init" and in_sandbox(pid)]
     return pid
 
 
@@ -112,7 +102,7 @@ def _zygote_pid(spawner_pid: int, other_than: int = 0) -> int:
     while time.monotonic() < deadline:
         found = [
             pid
-            for pid, (comm, parent, _) in _processes().items()
+            for pid, (comm, parent) in processes().items()
             if parent == spawner_pid and comm == "forkyard-zygote" and pid != other_than
         ]
         if found:
@@ -164,7 +154,7 @@ def test_missing_directories_are_created_with_safe_modes(engine, engine_process,
 def test_init_is_the_spawners_child_with_nothing_inherited(engine, engine_process, sandbox):
     spawner = _spawner_pid(engine_process)
     init = _init_pid(sandbox)
-    assert _processes()[init][1] == spawner, "the spawner must be the parent that reaps init"
+    assert processes()[init][1] == spawner, "the spawner must be the parent that reaps init"
     status = engine.exec(sandbox, ["cat", "/proc/self/status"]).stdout.decode()
     assert "SigIgn:\t0000000000000000" in status, "an ignored signal would pass to every command"
     host_status = Path(f"/proc/{init}/status").read_text()
