@@ -26,6 +26,9 @@ from .protocol import DATA, END, JSON, ProtocolError, encode, encode_json, read_
 log = logging.getLogger("forkyard.engine.server")
 QUEUE_DEPTH = 8
 HELLO_TIMEOUT_S = 5.0
+# Connections waiting to be accepted: a launch's workers and a web server's
+# pool connect in bursts of hundreds (the kernel caps it at somaxconn).
+BACKLOG = 4096
 
 
 class Body:
@@ -441,7 +444,7 @@ class EngineServer:
             path.unlink()
         except FileNotFoundError:
             pass
-        self.server = await asyncio.start_unix_server(self._connection, str(path), limit=protocol.MAX_FRAME + 16)
+        self.server = await asyncio.start_unix_server(self._connection, str(path), limit=protocol.MAX_FRAME + 16, backlog=BACKLOG)
         os.chmod(path, 0o600)
 
     async def listen_tcp(self, address: str, token: str) -> None:
@@ -453,7 +456,7 @@ class EngineServer:
             raise InvalidRequest("a TCP listener needs a token of at least 16 characters", field="token")
         self.token = token.encode()
         self.tcp_server = await asyncio.start_server(
-            self._tcp_connection, host.strip("[]"), int(port), limit=protocol.MAX_FRAME + 16
+            self._tcp_connection, host.strip("[]"), int(port), limit=protocol.MAX_FRAME + 16, backlog=BACKLOG
         )
 
     async def _tcp_connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
