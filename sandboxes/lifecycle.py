@@ -428,21 +428,23 @@ def host_heartbeat(name: str, socket_path: str) -> Host:
 
     info = engine(socket_path).info()
     now = timezone.now()
-    host, _ = Host.objects.update_or_create(
-        name=name,
-        defaults={
-            "queue": f"host.{name}",
-            "engine_socket": settings.FORKYARD_ENGINE_ADDRESS,  # how everyone else reaches it
-            "region": settings.FORKYARD_REGION,
-            "cpus": info["cpus"],
-            "memory_mib": info["memory_mib"],
-            "max_sandboxes": info["max_sandboxes"],
-            "engine_sandboxes": info["sandboxes"] + info.get("pooled", 0),
-            "committed_memory_mib": info["committed_memory_mib"],
-            "engine_version": info["version"],
-            "last_heartbeat": now,
-        },
-    )
+    reported = {
+        "queue": f"host.{name}",
+        "engine_socket": settings.FORKYARD_ENGINE_ADDRESS,  # how everyone else reaches it
+        "region": settings.FORKYARD_REGION,
+        "cpus": info["cpus"],
+        "memory_mib": info["memory_mib"],
+        "max_sandboxes": info["max_sandboxes"],
+        "engine_sandboxes": info["sandboxes"] + info.get("pooled", 0),
+        "committed_memory_mib": info["committed_memory_mib"],
+        "engine_version": info["version"],
+        "last_heartbeat": now,
+    }
+    # Only what the host reports: a save of the whole row would put back a
+    # state an operator changed meanwhile (draining, say).
+    if not Host.objects.filter(name=name).update(**reported):
+        Host.objects.get_or_create(name=name, defaults=reported)
+    host = Host.objects.get(name=name)
     held = []
     for template in engine(socket_path).call("templates.list")["templates"]:
         if template.get("kind") == "snapshot":

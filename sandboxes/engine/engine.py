@@ -476,9 +476,11 @@ class Engine:
         try:
             self.store.put_sandbox(record)
             faults.reached("create:recorded")
-            await self._bring_up(record)
+            await self._bring_up(record, ready=not template.services)
             if template.services:
+                # Still "creating" (no exec, not listed as running) until they answer.
                 await self._start_services(record, template.services)
+                self._ready(record)
         except BaseException as error:
             self.sandboxes.pop(record.id, None)
             record.state, record.ended_at = "destroyed", time.time()
@@ -495,7 +497,7 @@ class Engine:
             self.counters["created"] += 1
         return record
 
-    async def _bring_up(self, record: SandboxRecord) -> None:
+    async def _bring_up(self, record: SandboxRecord, ready: bool = True) -> None:
         limits = Limits(cpu=record.cpu, memory_bytes=record.memory_mib * MEBIBYTE, pids=record.pids_max)
         try:
             procs = self.cgroups.create(record.cgroup, limits)
@@ -522,6 +524,13 @@ class Engine:
         except BaseException:
             self._release(record)
             raise
+        if ready:
+            self._ready(record)
+        else:
+            self.by_pid[record.pid] = record.id
+            self.store.put_sandbox(record)  # its pid, for recovery to reap if we die now
+
+    def _ready(self, record: SandboxRecord) -> None:
         record.state = "running"
         record.ready_at = time.time()
         self._track(record)

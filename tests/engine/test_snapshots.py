@@ -332,3 +332,26 @@ def test_fork_a_hundred_with_a_tree_and_a_service(engine: EngineClient, made: li
     for fork in forks:
         engine.destroy(fork)
         made.remove(fork)
+
+
+def test_a_fork_is_creating_until_its_services_answer(engine: EngineClient, engine_process, made: list[str]) -> None:
+    import threading
+
+    source = _create(engine, made)
+    _run(engine, source, "mkdir -p /srv && echo late > /srv/index.html")
+    slow = {"name": "slow", "command": "sleep 1.5; exec httpd -f -p 8080 -h /srv", "ready": {"tcp": 8080}}
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name(), services=[slow])
+    made.append(snapshot["name"])
+    created: dict = {}
+    worker = threading.Thread(target=lambda: created.update(engine.create(template=snapshot["name"], size="tiny", ttl_s=60)))
+    worker.start()
+    try:
+        time.sleep(0.7)
+        with engine_process.client() as other:
+            starting = [item for item in other.list() if item["template"] == snapshot["name"]]
+            assert [item["state"] for item in starting] == ["creating"], "not handed out while its service is down"
+    finally:
+        worker.join(30)
+    made.append(created["id"])
+    assert created["state"] == "running"
+    assert _run(engine, created["id"], "wget -qO- http://127.0.0.1:8080/") == "late\n"
