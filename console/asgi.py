@@ -1,4 +1,11 @@
-"""ASGI entry point: Daphne serves HTTP (Django) and websockets (Channels)."""
+"""ASGI entry point: Daphne serves HTTP (Django) and websockets (Channels).
+
+The API gets a Django handler of its own, with only async middleware: the
+console's stack (sessions, CSRF, messages, WhiteNoise) is sync, and in an
+async server each sync middleware costs a hop to a thread and back on every
+request, several times over. The API authenticates by key and needs none of
+it; with them, an exec of `true` spent most of its time in those hops.
+"""
 
 import os
 
@@ -11,12 +18,35 @@ from django.core.asgi import get_asgi_application  # noqa: E402
 django_application = get_asgi_application()
 
 from channels.auth import AuthMiddlewareStack  # noqa: E402
+from django.conf import settings  # noqa: E402
+from django.core.handlers.asgi import ASGIHandler  # noqa: E402
 
 from console.routing import websocket_urlpatterns  # noqa: E402
 
+
+class ApiHandler(ASGIHandler):
+    """Django's ASGI handler with ``API_MIDDLEWARE`` in place of ``MIDDLEWARE``."""
+
+    def load_middleware(self, is_async: bool = False) -> None:
+        console_middleware = settings.MIDDLEWARE
+        settings.MIDDLEWARE = settings.API_MIDDLEWARE
+        try:
+            super().load_middleware(is_async)
+        finally:
+            settings.MIDDLEWARE = console_middleware
+
+
+api_application = ApiHandler()
+
+
+async def http(scope, receive, send):  # type: ignore[no-untyped-def]
+    handler = api_application if scope["path"].startswith(settings.API_PREFIX) else django_application
+    await handler(scope, receive, send)
+
+
 application = ProtocolTypeRouter(
     {
-        "http": django_application,
+        "http": http,
         "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
     }
 )

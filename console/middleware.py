@@ -58,6 +58,7 @@ def request_id(request: HttpRequest) -> str:
 
 def decorate(request: HttpRequest, response: HttpResponse) -> HttpResponse:
     response["X-Forkyard-Region"] = settings.FORKYARD_REGION
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
     response["X-Request-Id"] = getattr(request, "forkyard_request_id", None) or request_id(request)
     for name, value in getattr(request, "forkyard_headers", {}).items():
         response[name] = value

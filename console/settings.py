@@ -70,6 +70,10 @@ MIDDLEWARE = [
     "django_htmx.middleware.HtmxMiddleware",
 ]
 
+# The API's own stack (console/asgi.py): async middleware only, no sessions or CSRF (it authenticates by key).
+API_PREFIX = "/api/"
+API_MIDDLEWARE = ["console.middleware.DependencyErrorsMiddleware"]
+
 ROOT_URLCONF = "console.urls"
 ASGI_APPLICATION = "console.asgi.application"
 WSGI_APPLICATION = "console.wsgi.application"
