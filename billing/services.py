@@ -93,6 +93,37 @@ def usage_transition(*, sandbox: object, kind: str | None, at: datetime) -> Usag
         return UsagePeriod.objects.filter(sandbox=sandbox, ended_at__isnull=True).first()
 
 
+def open_running_periods(sandboxes: list[object], ready: dict[str, datetime]) -> int:
+    """The first running period of sandboxes that just started, in one insert
+    (a launch starts hundreds at once). Call inside the transaction that moved
+    them to running; one that already has an open period keeps it."""
+    from sandboxes.models import Sandbox
+
+    prices: dict[tuple[str, float, int], Decimal] = {}
+    periods = []
+    for sandbox in sandboxes:
+        assert isinstance(sandbox, Sandbox)
+        shape = (sandbox.size, sandbox.cpu, sandbox.memory_mib)
+        if shape not in prices:
+            prices[shape] = hourly_price(Price.Kind.RUNNING, *shape)
+        at = ready[sandbox.id]
+        periods.append(
+            UsagePeriod(
+                team_id=sandbox.team_id,
+                api_key_id=sandbox.api_key_id,
+                sandbox_id=sandbox.id,
+                kind=UsagePeriod.Kind.RUNNING,
+                size=sandbox.size or "custom",
+                labels=sandbox.labels,
+                unit_price=prices[shape],
+                started_at=at,
+                started_ms=int(at.timestamp() * 1000),  # bulk_create skips save()
+            )
+        )
+    # The partial unique index keeps an existing open period (reconciliation's) and drops ours.
+    return len(UsagePeriod.objects.bulk_create(periods, ignore_conflicts=True))
+
+
 @transaction.atomic
 def saved_state_transition(*, snapshot: object, gib: Decimal | None, at: datetime) -> UsagePeriod | None:
     """Saved state is billed per GiB-hour from creation to deletion (gib None: deleted)."""

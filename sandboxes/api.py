@@ -22,7 +22,7 @@ from console.db import db
 from console.errors import ApiError, from_engine, not_found
 from sandboxes.engine.errors import EngineError
 
-from . import selectors, services, snapshots
+from . import lifecycle, selectors, services, snapshots
 from .engine_link import async_pool, stream_call
 from .models import Launch, NetworkPolicy, Sandbox, Snapshot, Template
 from .notify import wait_until
@@ -79,7 +79,9 @@ async def create_sandbox(request: HttpRequest, payload: SandboxCreate) -> tuple[
     while, or `wait` is false: 202, and its state says where it is.
     """
     key = key_of(request)
-    sandbox, created = await db(services.sandbox_create)(team=key.team, key=key, spec=_spec(payload))
+    sandbox, created = await db(services.sandbox_create)(team=key.team, key=key, spec=_spec(payload), direct=payload.wait)
+    if created and sandbox.state == Sandbox.State.CREATING:
+        sandbox = await lifecycle.start_directly(sandbox)
     if payload.wait and sandbox.state not in SETTLED:
         sandbox = await wait_until(sandbox.id, SETTLED, settings.FORKYARD_CREATE_WAIT_S)
     if sandbox.state == Sandbox.State.FAILED and sandbox.error_code and not sandbox.ready_at:

@@ -13,7 +13,7 @@ import logging
 import tempfile
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -24,7 +24,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from billing.models import UsagePeriod
-from billing.services import usage_transition
+from billing.services import open_running_periods, usage_transition
 from sandboxes.engine import errors as engine_errors
 
 from . import notify, snapshots
@@ -33,6 +33,8 @@ from .models import Host, Launch, Sandbox, Snapshot
 
 log = logging.getLogger("forkyard.lifecycle")
 PARALLEL = 16
+BATCH = 64  # sandboxes recorded running per transaction, at most
+BATCH_WAIT_S = 0.005  # a result waits at most this long for others to share its transaction
 
 
 def _stuck_before() -> datetime:
@@ -60,6 +62,18 @@ def _create_args(sandbox: Sandbox, sizes: dict[str, Any]) -> dict[str, Any]:
     return args
 
 
+_sizes: dict[str, tuple[float, dict[str, Any]]] = {}
+SIZES_TTL_S = 30.0
+
+
+def _engine_sizes(host: Host) -> dict[str, Any]:
+    """The sizes a host's engine knows (an operator's edit shows within SIZES_TTL_S)."""
+    cached = _sizes.get(host.engine_socket)
+    if cached is None or time.monotonic() - cached[0] > SIZES_TTL_S:
+        cached = _sizes[host.engine_socket] = (time.monotonic(), engine(host.engine_socket).info().get("sizes", {}))
+    return cached[1]
+
+
 def mark_running(sandbox: Sandbox, engine_record: dict[str, Any]) -> bool:
     """creating -> running, with its first billed second; False if it changed meanwhile."""
     ready_at = _when(engine_record.get("ready_at")) or timezone.now()
@@ -76,6 +90,74 @@ def mark_running(sandbox: Sandbox, engine_record: dict[str, Any]) -> bool:
             sandbox.refresh_from_db()
             usage_transition(sandbox=sandbox, kind=UsagePeriod.Kind.RUNNING, at=ready_at)
     return bool(moved)
+
+
+def mark_running_many(started: list[tuple[Sandbox, dict[str, Any]]]) -> set[str]:
+    """creating -> running for many at once (one transaction, a few queries),
+    with their first billed seconds; the ids that moved (the others changed meanwhile)."""
+    now = timezone.now()
+    with transaction.atomic():
+        still_creating = set(
+            Sandbox.objects.filter(pk__in=[sandbox.pk for sandbox, _ in started], state=Sandbox.State.CREATING).values_list(
+                "pk", flat=True
+            )
+        )
+        moving = []
+        ready: dict[str, datetime] = {}
+        for sandbox, record in started:
+            if sandbox.pk not in still_creating:
+                continue
+            sandbox.state, sandbox.engine_id, sandbox.env = Sandbox.State.RUNNING, record["id"], {}
+            sandbox.ready_at = ready[sandbox.pk] = _when(record.get("ready_at")) or now
+            sandbox.expires_at, sandbox.updated_at = _when(record.get("expires_at")), now
+            moving.append(sandbox)
+        # Under the write transaction nothing moved them since the read above.
+        Sandbox.objects.bulk_update(moving, ["state", "engine_id", "env", "ready_at", "expires_at", "updated_at"], batch_size=500)
+        open_running_periods(moving, ready)
+    return {sandbox.pk for sandbox in moving}
+
+
+async def start_directly(sandbox: Sandbox) -> Sandbox:
+    """The API's fast path for one create: the web server asks the host's engine
+    itself (as it does for exec), skipping the broker and the worker's pickup.
+
+    The engine's create is idempotent on the sandbox's id, and every outcome
+    is recorded the way ``bring_up`` records it. If the engine cannot be
+    reached, the command goes to the host's queue after all; if this process
+    dies half way, the row stays ``creating`` and reconciliation queues it
+    again (the engine then answers the replay with the same sandbox).
+    """
+    from console.db import db
+
+    from .engine_link import async_pool
+    from .services import enqueue_bring_up
+
+    assert sandbox.host is not None
+    host = sandbox.host
+    try:
+        sizes = await db(_engine_sizes)(host)
+        async with async_pool(host.engine_socket).client() as client:
+            record = await client.create(**_create_args(sandbox, sizes))
+    except engine_errors.Unavailable:
+        await db(enqueue_bring_up)(host, [sandbox.id])
+        return sandbox
+    except engine_errors.EngineError as error:
+        await db(mark_ended)(sandbox, Sandbox.State.FAILED, code=error.code, message=error.message)
+        return await db(Sandbox.objects.select_related("host").get)(pk=sandbox.pk)
+
+    def record_outcome() -> Sandbox:
+        if record["state"] != "running":
+            mark_ended(sandbox, Sandbox.State.DESTROYED, at=_when(record.get("ended_at")))
+        elif not mark_running_many([(sandbox, record)]):
+            current = Sandbox.objects.get(pk=sandbox.pk)
+            if not (current.state in (Sandbox.State.RUNNING, Sandbox.State.PAUSED) and current.engine_id == record["id"]):
+                # Destroy was asked while we created it: honour it now.
+                engine(host.engine_socket).destroy(record["id"])
+                Sandbox.objects.filter(pk=sandbox.pk).update(engine_id=record["id"])
+                mark_ended(sandbox, Sandbox.State.DESTROYED)
+        return Sandbox.objects.select_related("host").get(pk=sandbox.pk)
+
+    return await db(record_outcome)()
 
 
 def mark_ended(sandbox: Sandbox, state: str, at: datetime | None = None, code: str = "", message: str = "") -> None:
@@ -171,40 +253,64 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
         state=Sandbox.State.CREATING, updated_at=timezone.now()
     )
     rows = list(Sandbox.objects.filter(id__in=sandbox_ids, host=host, state__in=[Sandbox.State.CREATING, Sandbox.State.STOPPING]))
-    sizes = engine(host.engine_socket).info().get("sizes", {})
+    sizes = _engine_sizes(host)
     missing = _snapshots_missing(host, rows)
     counts = {"running": 0, "failed": 0, "destroyed": 0}
 
-    def one(sandbox: Sandbox) -> str:
+    def create(sandbox: Sandbox) -> tuple[str, dict[str, Any]]:
+        """The engine's part, in a pool thread: ("started", record) or an outcome already recorded."""
         client = engine(host.engine_socket)
         unavailable = missing.get(sandbox.snapshot_id or "")
         if unavailable is not None:
             mark_ended(sandbox, Sandbox.State.FAILED, code=unavailable.code, message=unavailable.message)
-            return "failed"
+            return "failed", {}
         try:
             record = client.create(**_create_args(sandbox, sizes))
         except engine_errors.Unavailable:
             raise  # the whole chunk is retried: creates are idempotent on the key
         except engine_errors.EngineError as error:
             mark_ended(sandbox, Sandbox.State.FAILED, code=error.code, message=error.message)
-            return "failed"
+            return "failed", {}
         if record["state"] != "running":
             mark_ended(sandbox, Sandbox.State.DESTROYED, at=_when(record.get("ended_at")))
-            return "destroyed"
-        if not mark_running(sandbox, record):
+            return "destroyed", {}
+        return "started", record
+
+    def record_started(started: list[tuple[Sandbox, dict[str, Any]]]) -> None:
+        moved = mark_running_many(started)
+        notify.publish(list(moved))
+        for sandbox, record in started:
+            if sandbox.pk in moved:
+                counts["running"] += 1
+                continue
             current = Sandbox.objects.get(pk=sandbox.pk)
             if current.state in (Sandbox.State.RUNNING, Sandbox.State.PAUSED) and current.engine_id == record["id"]:
-                return "running"  # reconciliation recorded it first
+                counts["running"] += 1  # reconciliation recorded it first
+                continue
             # Destroy was asked while we created it: honour it now.
-            client.destroy(record["id"])
+            engine(host.engine_socket).destroy(record["id"])
             Sandbox.objects.filter(pk=sandbox.pk).update(engine_id=record["id"])
             mark_ended(sandbox, Sandbox.State.DESTROYED)
-            return "destroyed"
-        return "running"
+            counts["destroyed"] += 1
 
+    # Engine creates run in parallel; their results are written in batches
+    # (what finished in the last few milliseconds, up to BATCH), so a launch
+    # costs a few transactions per hundred sandboxes, not several each.
     with ThreadPoolExecutor(min(PARALLEL, max(1, len(rows)))) as pool:
-        for outcome in pool.map(one, rows):
-            counts[outcome] += 1
+        pending = {pool.submit(create, row): row for row in rows}
+        batch: list[tuple[Sandbox, dict[str, Any]]] = []
+        while pending:
+            done, _ = wait(pending, timeout=BATCH_WAIT_S, return_when=FIRST_COMPLETED)
+            for future in done:
+                row = pending.pop(future)
+                outcome, record = future.result()
+                if outcome == "started":
+                    batch.append((row, record))
+                else:
+                    counts[outcome] += 1
+            if batch and (len(batch) >= BATCH or not done or not pending):
+                record_started(batch)
+                batch = []
     notify.publish(sandbox_ids)
     _settle_launches({row.launch_id for row in rows if row.launch_id})
     return counts

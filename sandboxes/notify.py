@@ -18,7 +18,8 @@ from console.db import db
 
 from .models import Sandbox
 
-POLL_START_S = 0.002
+POLL_S = 0.002  # a create settles within tens of milliseconds: look often, then less
+POLL_FAST_FOR_S = 0.25
 POLL_MAX_S = 0.05
 
 
@@ -47,13 +48,15 @@ async def wait_until(sandbox_id: str, settled: set[str], timeout_s: float) -> Sa
     deadline = time.monotonic() + timeout_s
     if settings.REDIS_URL:
         return await _wait_redis(sandbox_id, settled, deadline)
-    delay = POLL_START_S
+    fast_until = time.monotonic() + POLL_FAST_FOR_S
+    delay = POLL_S
     while True:
         sandbox = await db(_state)(sandbox_id)
         if sandbox.state in settled or time.monotonic() >= deadline:
             return sandbox
         await asyncio.sleep(delay)
-        delay = min(delay * 1.5, POLL_MAX_S)
+        if time.monotonic() > fast_until:
+            delay = min(delay * 1.5, POLL_MAX_S)
 
 
 async def _wait_redis(sandbox_id: str, settled: set[str], deadline: float) -> Sandbox:

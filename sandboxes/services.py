@@ -157,12 +157,18 @@ def enqueue_take_down(host: Host, sandbox_ids: list[str]) -> None:
     ensure_gone.apply_async(args=[host.name, sandbox_ids], queue=host.queue, expires=3600)
 
 
-def sandbox_create(*, team: Team, key: ApiKey | None, spec: CreateSpec) -> tuple[Sandbox, bool]:
+def sandbox_create(*, team: Team, key: ApiKey | None, spec: CreateSpec, direct: bool = False) -> tuple[Sandbox, bool]:
     """Record a sandbox and queue it on a host; (sandbox, created).
 
     ``key`` is the API key that asked (None: a signed-in member, from the
     console). A repeated ``idempotency_key`` returns the first sandbox and
     creates nothing: the unique constraint decides, not a check here.
+
+    ``direct``: the caller will ask the host's engine itself (the API's fast
+    path, ``lifecycle.start_directly``), so the row is recorded ``creating``
+    and nothing is queued, when the host can take it at once (it holds the
+    template or snapshot). Otherwise, or if the caller then fails, the host's
+    queue does it, as for everything else.
     """
     if spec.idempotency_key:
         existing = Sandbox.objects.select_related("host").filter(team=team, idempotency_key=spec.idempotency_key).first()
@@ -194,6 +200,12 @@ def sandbox_create(*, team: Team, key: ApiKey | None, spec: CreateSpec) -> tuple
         if existing is None:
             raise
         return existing, False
+    if direct and (resolved.snapshot is None or resolved.snapshot.hosts.filter(pk=host.pk).exists()):
+        # Claimed for the caller: "creating", so no reconciliation queues it
+        # meanwhile (a row stuck there is queued again after STUCK_AFTER_S).
+        if Sandbox.objects.filter(pk=sandbox.pk, state=Sandbox.State.QUEUED).update(state=Sandbox.State.CREATING):
+            sandbox.state = Sandbox.State.CREATING
+            return sandbox, True
     _queue_or_fail(sandbox, lambda: enqueue_bring_up(host, [sandbox.id]))
     return sandbox, True
 

@@ -88,7 +88,12 @@ def test_a_dependency_down_is_503_and_the_api_recovers(stack, api):
         os.rename(queue, aside)
         queue.write_text("not a directory")
         try:
-            down = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny"})
+            # A create that waits goes to the engine directly and needs no broker
+            # (checked below); one that does not wait is queued, and is refused.
+            direct = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny"})
+            assert direct.status_code == 201, direct.text
+            api.delete(f"/api/v1/sandboxes/{direct.json()['id']}", params={"wait": False})
+            down = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny", "wait": False})
         finally:
             queue.unlink()
             os.rename(aside, queue)
