@@ -11,15 +11,17 @@ from __future__ import annotations
 import fcntl
 import logging
 import tempfile
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
@@ -92,11 +94,27 @@ def mark_running(sandbox: Sandbox, engine_record: dict[str, Any]) -> bool:
     return bool(moved)
 
 
+_sqlite_writer = threading.Lock()
+
+
+@contextmanager
+def _one_writer() -> Iterator[None]:
+    """On SQLite, this process's threads take turns for the write lock here, in
+    order; left to SQLite's busy handler, which sleeps up to 100 ms between
+    tries, a writer among several could wait seconds (and the board's pixels
+    with it). Other databases lock rows, not the file: no turn-taking."""
+    if connection.vendor != "sqlite":
+        yield
+        return
+    with _sqlite_writer:
+        yield
+
+
 def mark_running_many(started: list[tuple[Sandbox, dict[str, Any]]]) -> set[str]:
     """creating -> running for many at once (one transaction, a few queries),
     with their first billed seconds; the ids that moved (the others changed meanwhile)."""
     now = timezone.now()
-    with transaction.atomic():
+    with _one_writer(), transaction.atomic():
         still_creating = set(
             Sandbox.objects.filter(pk__in=[sandbox.pk for sandbox, _ in started], state=Sandbox.State.CREATING).values_list(
                 "pk", flat=True
@@ -402,7 +420,7 @@ def dispatch(launch_id: str, env: dict[str, str], enqueue: Callable[[Host, list[
             )
             for index in indexes
         ]
-        with transaction.atomic():
+        with _one_writer(), transaction.atomic():
             Sandbox.objects.bulk_create(rows, ignore_conflicts=True)
         ids = list(
             Sandbox.objects.filter(launch=launch, launch_index__in=indexes, state=Sandbox.State.QUEUED).values_list(

@@ -45,3 +45,25 @@ def test_expired_messages_are_not_delivered():
         await database_sync_to_async(connections.close_all)()
 
     asyncio.run(scenario())
+
+
+def test_a_message_for_this_process_skips_the_database():
+    """The board's ticker and its viewers share the web server: their frames never wait on a database write."""
+    from console.models import ChannelMessage
+
+    async def scenario() -> None:
+        layer = DatabaseChannelLayer()
+        viewer = await layer.new_channel()
+        await layer.group_add("team-b", viewer)
+        await layer.group_send("team-b", {"type": "board.frame", "bytes": b"\x01"})
+        assert await asyncio.wait_for(layer.receive(viewer), 0.01) == {"type": "board.frame", "bytes": b"\x01"}
+        assert await database_sync_to_async(ChannelMessage.objects.count)() == 0
+        stale = DatabaseChannelLayer(expiry=0)
+        channel = await stale.new_channel()
+        await stale.send(channel, {"type": "stale"})
+        await asyncio.sleep(0.01)
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(stale.receive(channel), 0.1)
+        await database_sync_to_async(connections.close_all)()
+
+    asyncio.run(scenario())
