@@ -9,6 +9,13 @@ its ``ready_at`` (as recorded) and the frame that turned its pixel "running".
 Goal: under one second of lag at 32,752 pixels.  The full size needs a host
 that can hold 32,752 sandboxes (memory, pid_max); on a small host, run a
 smaller count and say so.
+
+    sudo .venv/bin/python bench/board_bench.py --simulate 1000 --count 32752
+
+measures the board alone at full size: the launch's rows are made directly
+and turned "running" at 1,000 a second in the database (no engine: each row's
+``ready_at`` is the moment it turned), while the product's own ticker,
+channel layer and websocket carry the pixels to the viewer.
 """
 
 from __future__ import annotations
@@ -87,11 +94,64 @@ async def watch(stack: Stack, launch_id: str, count: int, cookie: str, timeout_s
     return {"frames": frames, "running": became_running}
 
 
+SIMULATE = """
+import time
+from datetime import timedelta
+from django.utils import timezone
+from sandboxes.models import Launch, Sandbox
+from console.models import ApiKey
+key = ApiKey.objects.get(pk={key_id!r})
+launch = Launch.objects.create(team_id=key.team_id, api_key=key, template="base", size="tiny", cpu=1, memory_mib=128,
+                               ttl_s=600, count={count}, labels={{"board": "bench"}})
+Sandbox.objects.bulk_create([Sandbox(team_id=key.team_id, api_key=key, launch=launch, launch_index=i, template="base",
+    size="tiny", cpu=1, memory_mib=128, ttl_s=600, state="creating") for i in range({count})], batch_size=2000)
+print("LAUNCH", launch.id, flush=True)
+time.sleep(3)  # the viewer connects
+step, started = {batch}, time.monotonic()
+for offset in range(0, {count}, step):
+    now = timezone.now()
+    Sandbox.objects.filter(launch=launch, launch_index__gte=offset, launch_index__lt=offset + step).update(
+        state="running", ready_at=now, updated_at=now)
+    time.sleep(max(0.0, started + (offset + step) / {rate} - time.monotonic()))
+"""
+
+
+def simulate(stack: Stack, count: int, rate: int, cookie: str, timeout_s: float) -> dict[str, Any]:
+    """Rows made and turned running in the database at ``rate`` a second; the board carries them."""
+    import subprocess
+    import threading
+
+    key_id = (
+        stack.shell(
+            f"from console.models import ApiKey; print(ApiKey.objects.filter(team_id={stack.teams[0].team_id!r}).first().pk)"
+        )
+        .strip()
+        .splitlines()[-1]
+    )
+    code = SIMULATE.format(key_id=key_id, count=count, rate=rate, batch=max(1, rate // 20))
+    process = subprocess.Popen(
+        [sys.executable, "manage.py", "shell", "-c", code], cwd=ROOT, env=stack.environment(), stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    launch_id = ""
+    for line in process.stdout:
+        if line.startswith("LAUNCH "):
+            launch_id = line.split()[1]
+            break
+    drain = threading.Thread(target=process.communicate, daemon=True)
+    drain.start()
+    started = time.time()
+    observed = asyncio.run(watch(stack, launch_id, count, cookie, timeout_s))
+    process.wait(60)
+    return {"launch_id": launch_id, "observed": observed, "started": started, "finished": time.time()}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=4096)
     parser.add_argument("--backend", choices=("embedded", "postgres"), default="embedded")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--simulate", type=int, metavar="RATE", help="no engine: rows turn running at RATE a second")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fy-boardbench-", dir="/tmp"))
     os.chmod(work, 0o755)
@@ -102,15 +162,21 @@ def main() -> int:
         stack.start()
         stack.set_limits(stack.teams[0], requests_per_second=100000, max_sandboxes=100000, max_launch_count=100000)
         cookie = session_cookie(stack)
+        report["simulated_rate_per_s"] = args.simulate
         with stack.client() as api:
-            launch = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": args.count, "ttl_s": 1800,
-                                                        "labels": {"board": "bench"}}).json()
-            started = time.time()
-            observed = asyncio.run(watch(stack, launch["id"], args.count, cookie, args.timeout))
-            finished = time.time()
+            if args.simulate:
+                run = simulate(stack, args.count, args.simulate, cookie, args.timeout)
+                launch, observed, started, finished = {"id": run["launch_id"]}, run["observed"], run["started"], run["finished"]
+            else:
+                body = {"template": "base", "size": "tiny", "count": args.count, "ttl_s": 1800, "labels": {"board": "bench"}}
+                launch = api.post("/api/v1/launches", json=body).json()
+                started = time.time()
+                observed = asyncio.run(watch(stack, launch["id"], args.count, cookie, args.timeout))
+                finished = time.time()
             members, cursor = [], None
             while True:
-                page = api.get(f"/api/v1/launches/{launch['id']}/sandboxes", params={"cursor": cursor, "limit": 5000} if cursor else {"limit": 5000}).json()
+                params: dict[str, Any] = {"limit": 5000, **({"cursor": cursor} if cursor else {})}
+                page = api.get(f"/api/v1/launches/{launch['id']}/sandboxes", params=params).json()
                 members += page["sandboxes"]
                 cursor = page["next_cursor"]
                 if not cursor:
@@ -119,16 +185,22 @@ def main() -> int:
         frames = observed["frames"]
         duration = max(0.001, finished - started)
         total_bytes = sum(size for _, size in frames)
-        report.update({
-            "pixels_running_seen": len(observed["running"]),
-            "launch_seconds": round(duration, 2),
-            "messages": len(frames),
-            "messages_per_second": round(len(frames) / duration, 1),
-            "bytes": total_bytes,
-            "bytes_per_second": round(total_bytes / duration, 1),
-        })
+        report.update(
+            {
+                "pixels_running_seen": len(observed["running"]),
+                "launch_seconds": round(duration, 2),
+                "messages": len(frames),
+                "messages_per_second": round(len(frames) / duration, 1),
+                "bytes": total_bytes,
+                "bytes_per_second": round(total_bytes / duration, 1),
+            }
+        )
         # The launch's sandboxes are listed in pixel order (launch_index).
-        ready = {index: datetime.fromisoformat(member["ready_at"]).timestamp() for index, member in enumerate(members) if member["ready_at"]}
+        ready = {
+            index: datetime.fromisoformat(member["ready_at"]).timestamp()
+            for index, member in enumerate(members)
+            if member["ready_at"]
+        }
         lags = sorted(max(0.0, seen - ready[index]) for index, seen in observed["running"].items() if index in ready)
         if lags:
             report["lag_ms"] = {
@@ -143,7 +215,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     print(json.dumps(report, indent=2, default=str))
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"board-{args.backend}-{args.count}-latest.json").write_text(json.dumps(report, indent=2, default=str))
+    kind = f"simulated{args.simulate}-" if args.simulate else ""
+    (RESULTS / f"board-{args.backend}-{kind}{args.count}-latest.json").write_text(json.dumps(report, indent=2, default=str))
     return 0
 
 

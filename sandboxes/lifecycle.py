@@ -95,6 +95,11 @@ def mark_running(sandbox: Sandbox, engine_record: dict[str, Any]) -> bool:
 
 
 _sqlite_writer = threading.Lock()
+# Creates this worker has in flight at once, whatever the number of chunks it
+# runs: an engine makes a few hundred a second, and a deeper queue in front of
+# it only makes each sandbox wait longer between ready and recorded.
+CREATES_IN_FLIGHT = 32
+_in_flight = threading.BoundedSemaphore(CREATES_IN_FLIGHT)
 
 
 @contextmanager
@@ -283,7 +288,8 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
             mark_ended(sandbox, Sandbox.State.FAILED, code=unavailable.code, message=unavailable.message)
             return "failed", {}
         try:
-            record = client.create(**_create_args(sandbox, sizes))
+            with _in_flight:
+                record = client.create(**_create_args(sandbox, sizes))
         except engine_errors.Unavailable:
             raise  # the whole chunk is retried: creates are idempotent on the key
         except engine_errors.EngineError as error:
