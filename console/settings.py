@@ -106,6 +106,11 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
         "transaction_mode": "IMMEDIATE",
         "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
     }
+    # Tests on a file too, as in production: Django's default in-memory test
+    # database shares one cache between connections, where a reader in another
+    # thread (the board's ticker) makes a writer fail at once with "table is
+    # locked" instead of waiting its turn.
+    DATABASES["default"]["TEST"] = {"NAME": str(DATA_DIR / "test-forkyard.sqlite3")}
 # Keep connections between requests: opening one per request costs more than
 # the request itself (and under Daphne every request would).
 DATABASES["default"].setdefault("CONN_MAX_AGE", 600)
