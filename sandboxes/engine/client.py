@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import os
 import socket
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator
@@ -237,13 +238,13 @@ class EngineClient:
     def destroy(self, sandbox_id: str) -> dict[str, Any]:
         return dict(self.call("destroy", id=sandbox_id))
 
-    def exec(self, sandbox_id: str, cmd: str | list[str], **options: Any) -> ExecOutput:
+    def exec(self, sandbox_id: str, cmd: str | builtins.list[str], **options: Any) -> ExecOutput:
         if isinstance(options.get("stdin"), bytes):
             options["stdin_b64"] = base64.b64encode(options.pop("stdin")).decode()
         return ExecOutput.from_result(self.call("exec", id=sandbox_id, cmd=cmd, **options))
 
     def exec_stream(
-        self, sandbox_id: str, cmd: str | list[str], on_output: Callable[[str, bytes], None], **options: Any
+        self, sandbox_id: str, cmd: str | builtins.list[str], on_output: Callable[[str, bytes], None], **options: Any
     ) -> ExecOutput:
         chunks: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
 
@@ -374,7 +375,7 @@ class AsyncEngineClient:
     async def destroy(self, sandbox_id: str) -> dict[str, Any]:
         return dict(await self.call("destroy", id=sandbox_id))
 
-    async def exec(self, sandbox_id: str, cmd: str | list[str], **options: Any) -> ExecOutput:
+    async def exec(self, sandbox_id: str, cmd: str | builtins.list[str], **options: Any) -> ExecOutput:
         if isinstance(options.get("stdin"), bytes):
             options["stdin_b64"] = base64.b64encode(options.pop("stdin")).decode()
         return ExecOutput.from_result(await self.call("exec", id=sandbox_id, cmd=cmd, **options))

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import builtins
 import logging
 import os
 import re
@@ -38,6 +39,7 @@ from .errors import (
     NoCapacity,
     SandboxNotFound,
     SandboxNotRunning,
+    ServiceNotReady,
     Unavailable,
 )
 from .kernel import PR_SET_CHILD_SUBREAPER, Kernel, KernelError
@@ -146,7 +148,11 @@ class Engine:
         loop = asyncio.get_running_loop()
         loop.add_signal_handler(signal.SIGCHLD, self._reap_children)
         self.cgroups.setup()
-        self.spawner.on_lost = lambda: loop.create_task(self._spawner_lost())
+
+        def on_spawner_lost() -> None:
+            loop.create_task(self._spawner_lost())
+
+        self.spawner.on_lost = on_spawner_lost
         self.spawner.start()
         report, adopted = reconcile(config, self.store, self.cgroups, self.kernel)
         for record in adopted:
@@ -536,7 +542,7 @@ class Engine:
         self._track(record)
         self.store.put_sandbox(record)
 
-    async def _start_services(self, record: SandboxRecord, wanted: list[dict[str, Any]]) -> None:
+    async def _start_services(self, record: SandboxRecord, wanted: builtins.list[dict[str, Any]]) -> None:
         """Start a snapshot's services and wait until each answers; on failure
         the sandbox goes (the caller records the failed create)."""
         proc = str(self.config.proc_dir)
@@ -552,7 +558,7 @@ class Engine:
                 )
                 started = await execution.run(record.socket_path, request)
                 if started.exit_code != 0:
-                    raise services.ServiceNotReady(
+                    raise ServiceNotReady(
                         f"service {service['name']!r} did not start: {started.stderr.decode(errors='replace')[:500]}",
                         service=service["name"],
                     )
@@ -629,7 +635,12 @@ class Engine:
             self.kernel.pidfd_send_signal(pidfd, signal.SIGKILL)
             exited = asyncio.get_running_loop().create_future()
             loop = asyncio.get_running_loop()
-            loop.add_reader(pidfd, lambda: exited.done() or exited.set_result(None))
+
+            def on_exit() -> None:
+                if not exited.done():
+                    exited.set_result(None)
+
+            loop.add_reader(pidfd, on_exit)
             try:
                 await asyncio.wait_for(exited, EXIT_WAIT_S)
             except TimeoutError:
@@ -745,11 +756,11 @@ class Engine:
 
     # --- templates -------------------------------------------------------------------------
 
-    def layers_in_use(self, layers: list[str]) -> bool:
+    def layers_in_use(self, layers: builtins.list[str]) -> bool:
         wanted = set(layers)
         return any(wanted & set(record.layers) for record in self.sandboxes.values())
 
-    def _collect_orphan_layers(self, layers: list[str]) -> None:
+    def _collect_orphan_layers(self, layers: builtins.list[str]) -> None:
         """The last sandbox on a deleted snapshot's layers is gone: so are they."""
         if not set(layers) <= self.templates.referenced_layers():
             self.templates.collect_layers(self.layers_in_use)

@@ -21,6 +21,7 @@ from typing import Any
 from . import protocol, templates
 from .engine import VERSION, Engine
 from .errors import EngineError, InvalidRequest, TooLarge
+from .execution import ExecResult
 from .protocol import DATA, END, JSON, ProtocolError, encode, encode_json, read_frame
 
 log = logging.getLogger("forkyard.engine.server")
@@ -167,7 +168,7 @@ class _AlreadyAnswered(Exception):
     pass
 
 
-def _exec_result(result: Any, include_output: bool) -> dict[str, Any]:
+def _exec_result(result: ExecResult, include_output: bool) -> dict[str, Any]:
     summary = result.summary()
     if include_output:
         summary["stdout_b64"] = base64.b64encode(result.stdout).decode()

@@ -311,13 +311,13 @@ class Spawner:
         elif op == "spawn":
             try:
                 spec = SpawnSpec(message["spec"])
-            except (KeyError, TypeError, ValueError) as error:
+            except (KeyError, TypeError, ValueError) as bad_spec:
                 self._send(
                     connection,
                     {
                         "request_id": request_id,
                         "ok": False,
-                        "error": {"step": "parse spec", "errno": errno.EINVAL, "target": "", "message": str(error)},
+                        "error": {"step": "parse spec", "errno": errno.EINVAL, "target": "", "message": str(bad_spec)},
                     },
                 )
                 return

@@ -22,6 +22,7 @@ Import, in the order the code runs it:
 
 from __future__ import annotations
 
+import builtins
 import io
 import json
 import os
@@ -140,7 +141,7 @@ class OciImage:
         member = self.archive.extractfile(name)
         if member is None:
             raise TemplateImportFailed(f"image has no {name}")
-        return member  # type: ignore[return-value]
+        return member
 
     def _blob(self, digest: str) -> str:
         algorithm, _, value = digest.partition(":")
@@ -199,14 +200,14 @@ class Templates:
     def layer_path(self, layer_id: str) -> Path:
         return self.config.layers_dir / layer_directory_name(layer_id)
 
-    def delete(self, name: str, in_use: Callable[[list[str]], bool]) -> None:
+    def delete(self, name: str, in_use: Callable[[builtins.list[str]], bool]) -> None:
         record = self.get(name)
         self.store.delete_template(name)
         self._referenced = None
         self.collect_layers(in_use)
         del record
 
-    def collect_layers(self, in_use: Callable[[list[str]], bool]) -> int:
+    def collect_layers(self, in_use: Callable[[builtins.list[str]], bool]) -> int:
         """Remove layers no template (and no live sandbox) refers to."""
         referenced = self.referenced_layers()
         removed = 0
