@@ -2,7 +2,9 @@
 
 ``FORKYARD_TEST_BACKEND`` picks the parts: ``embedded`` (the default: SQLite,
 the filesystem broker, the database channel layer) or ``postgres`` (a fresh
-PostgreSQL database on 127.0.0.1:5432 and Redis on 127.0.0.1:6379).  Every
+PostgreSQL database on 127.0.0.1:5432 and Redis on 127.0.0.1:6379); a test may
+ask for ``rabbitmq`` (``postgres`` with RabbitMQ on 127.0.0.1:5672 as the
+broker).  Every
 name the stack puts in a shared service (database, queues, Redis keys) carries
 a per-session tag, so concurrent sessions never meet.
 """
@@ -29,6 +31,8 @@ from tests.support.reaper import Reaper
 
 POSTGRES_ADMIN_URL = os.environ.get("FORKYARD_TEST_POSTGRES", "postgres://postgres@127.0.0.1:5432/test")
 REDIS_TEST_URL = os.environ.get("FORKYARD_TEST_REDIS", "redis://127.0.0.1:6379/0")
+RABBITMQ_TEST_URL = os.environ.get("FORKYARD_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
+SERVER_BACKENDS = ("postgres", "rabbitmq")
 # Every engine of a test deployment shares it (an engine on TCP asks for it first).
 ENGINE_TOKEN = "test-engine-token-" + uuid.uuid4().hex
 
@@ -99,11 +103,18 @@ class Stack:
                 "PYTHONPATH": str(PROJECT_ROOT),
             }
         )
-        if self.backend == "postgres":
+        if self.backend in SERVER_BACKENDS:
             assert self.database is not None
             environment["DATABASE_URL"] = POSTGRES_ADMIN_URL.rsplit("/", 1)[0] + f"/{self.database}"
             environment["REDIS_URL"] = REDIS_TEST_URL
+        if self.backend == "rabbitmq":
+            environment["CELERY_BROKER_URL"] = RABBITMQ_TEST_URL
         return environment
+
+    @property
+    def queues(self) -> list[str]:
+        """The broker queues this stack's workers consume (named after its tag)."""
+        return [f"host.{self.host_name}", f"control-{self.tag}", *(f"host.{host.name}" for host in self.extra_hosts)]
 
     def manage(self, *args: str) -> str:
         completed = subprocess.run(
@@ -131,7 +142,7 @@ class Stack:
         with self.engine.client() as client:
             client.call("templates.build_base", name="base", replace=True)
             client.call("pools.set", template="base", size="tiny", count=4)
-        if self.backend == "postgres":
+        if self.backend in SERVER_BACKENDS:
             self.database = f"forkyard_test_{self.tag}"
             self._postgres(f'CREATE DATABASE "{self.database}"')
         self.manage("migrate", "-v", "0")
@@ -274,7 +285,14 @@ class Stack:
                 self._postgres(f'DROP DATABASE IF EXISTS "{self.database}" WITH (FORCE)')
             except Exception:  # noqa: BLE001 - cleanup must not hide the test's own failure
                 pass
-        if self.backend == "postgres":
+        if self.backend == "rabbitmq":
+            import kombu
+
+            with kombu.Connection(RABBITMQ_TEST_URL, connect_timeout=5) as connection:
+                channel = connection.default_channel
+                for queue in self.queues:
+                    channel.queue_delete(queue)
+        if self.backend in SERVER_BACKENDS:
             import redis
 
             client = redis.Redis.from_url(REDIS_TEST_URL)
