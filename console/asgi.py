@@ -8,6 +8,8 @@ it; with them, an exec of `true` spent most of its time in those hops.
 """
 
 import os
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
@@ -39,7 +41,12 @@ class ApiHandler(ASGIHandler):
 api_application = ApiHandler()
 
 
-async def http(scope, receive, send):  # type: ignore[no-untyped-def]
+# An ASGI application's arguments, as Django's handler takes them.
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+Send = Callable[[Mapping[str, Any]], Awaitable[None]]
+
+
+async def http(scope: dict[str, Any], receive: Receive, send: Send) -> None:
     handler = api_application if scope["path"].startswith(settings.API_PREFIX) else django_application
     await handler(scope, receive, send)
 
@@ -47,6 +54,7 @@ async def http(scope, receive, send):  # type: ignore[no-untyped-def]
 application = ProtocolTypeRouter(
     {
         "http": http,
-        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),
+        # The stubs want channels' own pattern type, which only they know: Django's path() makes these.
+        "websocket": AllowedHostsOriginValidator(AuthMiddlewareStack(URLRouter(websocket_urlpatterns))),  # type: ignore[arg-type]
     }
 )

@@ -28,13 +28,16 @@ from queue import Empty
 from time import monotonic
 from typing import Any
 
+from kombu.connection import Connection
+from kombu.exceptions import ChannelError
 from kombu.transport import TRANSPORT_ALIASES, filesystem
 from kombu.utils.encoding import str_to_bytes
 from kombu.utils.json import dumps
 
 
 class Channel(filesystem.Channel):
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    # Upstream's own signature; its stubs ignore the same mismatch with the abstract channel.
+    def _put(self, queue: str, payload: dict[str, Any], **kwargs: Any) -> None:  # type: ignore[override]
         from time import monotonic
 
         name = f"{int(round(monotonic() * 1000))}_{uuid.uuid4()}.{queue}.msg"
@@ -49,7 +52,7 @@ class Channel(filesystem.Channel):
                 os.unlink(temporary)
             except OSError:
                 pass
-            raise filesystem.ChannelError(f"Cannot add file {final!r} to directory") from error
+            raise ChannelError(f"Cannot add file {final!r} to directory") from error
 
 
 IN_MOVED_TO = 0x00000080
@@ -98,6 +101,7 @@ class Transport(filesystem.Transport):
     def _arrivals_for(self) -> _Arrivals | None:
         if not self._watching:
             self._watching = True
+            assert self.client is not None  # a transport is made for its connection
             folder = (self.client.transport_options or {}).get("data_folder_in")
             try:
                 self._arrivals = _Arrivals(folder) if folder else None
@@ -105,10 +109,12 @@ class Transport(filesystem.Transport):
                 self._arrivals = None  # no inotify here: poll like upstream
         return self._arrivals
 
-    def drain_events(self, connection: Any, timeout: float | None = None) -> None:
+    # Upstream's virtual transport has this signature; its stubs ignore the same mismatch with the base transport.
+    def drain_events(self, connection: Connection, timeout: float | None = None) -> None:  # type: ignore[override]
         arrivals = self._arrivals_for()
         if arrivals is None:
-            return super().drain_events(connection, timeout)  # type: ignore[no-any-return]
+            return super().drain_events(connection, timeout)
+        assert self.cycle is not None  # made in the transport's __init__
         started = monotonic()
         while True:
             arrivals.clear()  # before looking: whatever lands after this wakes the wait below
@@ -121,7 +127,7 @@ class Transport(filesystem.Transport):
                     raise TimeoutError() from None
                 arrivals.wait(FALLBACK_S if timeout is None else min(FALLBACK_S, timeout - waited))
 
-    def close_connection(self, connection: Any) -> None:
+    def close_connection(self, connection: Connection) -> None:
         if self._arrivals is not None:
             self._arrivals.close()
             self._arrivals, self._watching = None, False

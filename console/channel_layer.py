@@ -102,9 +102,9 @@ class DatabaseChannelLayer(BaseChannelLayer):
                         return message
                     continue
             # From another process, through the database.
-            message = await self._pop(channel)
-            if message is not None:
-                return message
+            stored = await self._pop(channel)
+            if stored is not None:
+                return stored
             if queue is None:
                 await asyncio.sleep(POLL_S)
 

@@ -18,7 +18,11 @@ import secrets
 from importlib.util import find_spec
 from pathlib import Path
 
+import django_stubs_ext
 import environ
+
+# Lets the classes that django-stubs makes generic (ModelAdmin[Team], StackedInline[TeamLimits, Team]) be subscripted at run time.
+django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()

@@ -4,13 +4,13 @@ from .models import Host, Launch, NetworkPolicy, Sandbox, Snapshot, Template
 
 
 @admin.register(Host)
-class HostAdmin(admin.ModelAdmin):
+class HostAdmin(admin.ModelAdmin[Host]):
     list_display = ("name", "state", "region", "engine_sandboxes", "max_sandboxes", "last_heartbeat")
     list_filter = ("state", "region")
 
 
 @admin.register(Sandbox)
-class SandboxAdmin(admin.ModelAdmin):
+class SandboxAdmin(admin.ModelAdmin[Sandbox]):
     list_display = ("id", "team", "state", "host", "template", "size", "created_at")
     list_filter = ("state",)
     search_fields = ("id", "engine_id")
@@ -18,7 +18,7 @@ class SandboxAdmin(admin.ModelAdmin):
 
 
 @admin.register(Launch)
-class LaunchAdmin(admin.ModelAdmin):
+class LaunchAdmin(admin.ModelAdmin[Launch]):
     list_display = ("id", "team", "state", "count", "template", "created_at")
 
 

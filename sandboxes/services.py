@@ -148,13 +148,13 @@ def _check_quota(team: Team, adding: int) -> None:
 def enqueue_bring_up(host: Host, sandbox_ids: list[str]) -> None:
     from .tasks import ensure_running
 
-    ensure_running.apply_async(args=[host.name, sandbox_ids], queue=host.queue, expires=600)
+    ensure_running.apply_async(args=(host.name, sandbox_ids), queue=host.queue, expires=600)
 
 
 def enqueue_take_down(host: Host, sandbox_ids: list[str]) -> None:
     from .tasks import ensure_gone
 
-    ensure_gone.apply_async(args=[host.name, sandbox_ids], queue=host.queue, expires=3600)
+    ensure_gone.apply_async(args=(host.name, sandbox_ids), queue=host.queue, expires=3600)
 
 
 def sandbox_create(*, team: Team, key: ApiKey | None, spec: CreateSpec, direct: bool = False) -> tuple[Sandbox, bool]:
@@ -339,7 +339,7 @@ def launch_create(*, team: Team, key: ApiKey | None, spec: CreateSpec, count: in
 def _enqueue_dispatch(launch_id: str, env: dict[str, str]) -> None:
     from .tasks import dispatch_launch
 
-    dispatch_launch.apply_async(args=[launch_id, env], queue=settings.CELERY_TASK_DEFAULT_QUEUE)
+    dispatch_launch.apply_async(args=(launch_id, env), queue=settings.CELERY_TASK_DEFAULT_QUEUE)
 
 
 def launch_destroy(*, launch: Launch) -> Launch:

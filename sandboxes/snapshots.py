@@ -52,13 +52,13 @@ def gib_of(size_bytes: int) -> Decimal:
 def _enqueue_take(host: Host, snapshot_id: str) -> None:
     from .tasks import ensure_snapshot_saved
 
-    ensure_snapshot_saved.apply_async(args=[host.name, snapshot_id], queue=host.queue, expires=600)
+    ensure_snapshot_saved.apply_async(args=(host.name, snapshot_id), queue=host.queue, expires=600)
 
 
 def _enqueue_forget(host: Host, snapshot_id: str) -> None:
     from .tasks import ensure_snapshot_gone
 
-    ensure_snapshot_gone.apply_async(args=[host.name, snapshot_id], queue=host.queue, expires=3600)
+    ensure_snapshot_gone.apply_async(args=(host.name, snapshot_id), queue=host.queue, expires=3600)
 
 
 def snapshot_create(

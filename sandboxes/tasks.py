@@ -9,9 +9,9 @@ are harmless because every command names an end state.
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, TypedDict
 
-from celery import shared_task
+from celery import Task, shared_task
 from django.conf import settings
 
 from sandboxes.engine.errors import Unavailable
@@ -20,23 +20,31 @@ from . import lifecycle
 from .models import Host
 
 log = logging.getLogger("forkyard.tasks")
-COMMAND = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
+
+
+class CommandOptions(TypedDict):
+    acks_late: bool
+    reject_on_worker_lost: bool
+    ignore_result: bool
+
+
+COMMAND: CommandOptions = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
 
 
 @shared_task(bind=True, autoretry_for=(Unavailable,), retry_backoff=1, retry_backoff_max=30, max_retries=20, **COMMAND)
-def ensure_running(self: Any, host_name: str, sandbox_ids: list[str]) -> dict[str, int]:
+def ensure_running(self: Task[Any, Any], host_name: str, sandbox_ids: list[str]) -> dict[str, int]:
     host = Host.objects.get(name=host_name)
     return lifecycle.bring_up(host, sandbox_ids)
 
 
 @shared_task(bind=True, autoretry_for=(Unavailable,), retry_backoff=1, retry_backoff_max=30, max_retries=50, **COMMAND)
-def ensure_gone(self: Any, host_name: str, sandbox_ids: list[str]) -> int:
+def ensure_gone(self: Task[Any, Any], host_name: str, sandbox_ids: list[str]) -> int:
     host = Host.objects.get(name=host_name)
     return lifecycle.take_down(host, sandbox_ids)
 
 
 @shared_task(bind=True, autoretry_for=(Unavailable,), retry_backoff=1, retry_backoff_max=30, max_retries=20, **COMMAND)
-def ensure_snapshot_saved(self: Any, host_name: str, snapshot_id: str) -> str:
+def ensure_snapshot_saved(self: Task[Any, Any], host_name: str, snapshot_id: str) -> str:
     from .snapshots import snapshot_take
 
     host = Host.objects.get(name=host_name)
@@ -44,7 +52,7 @@ def ensure_snapshot_saved(self: Any, host_name: str, snapshot_id: str) -> str:
 
 
 @shared_task(bind=True, autoretry_for=(Unavailable,), retry_backoff=1, retry_backoff_max=30, max_retries=50, **COMMAND)
-def ensure_snapshot_gone(self: Any, host_name: str, snapshot_id: str) -> bool:
+def ensure_snapshot_gone(self: Task[Any, Any], host_name: str, snapshot_id: str) -> bool:
     from .snapshots import snapshot_forget
 
     host = Host.objects.get(name=host_name)
@@ -71,5 +79,5 @@ def reconcile_all() -> int:
 
     hosts = live_hosts()
     for host in hosts:
-        reconcile_host.apply_async(args=[host.name], queue=host.queue, expires=settings.FORKYARD_RECONCILE_S)
+        reconcile_host.apply_async(args=(host.name,), queue=host.queue, expires=settings.FORKYARD_RECONCILE_S)
     return len(hosts)
