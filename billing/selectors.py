@@ -56,6 +56,7 @@ def usage(team: Team, start: datetime, end: datetime, group_by: str = "size") ->
     """Billable usage overlapping [start, end), open periods counted to now."""
     now_ms = _ms(timezone.now())
     lines: dict[str, dict[str, Any]] = defaultdict(lambda: {"milliseconds": 0, "amount": Decimal(0), "periods": 0})
+    windows: list[tuple[datetime, datetime, str | None]]  # (from, to, the day's name when grouped by day)
     if group_by == "day":
         day = start.replace(hour=0, minute=0, second=0, microsecond=0)
         windows = []

@@ -8,12 +8,17 @@ integer milliseconds; amounts are Decimal, rounded once per period.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import datetime
 from decimal import ROUND_HALF_UP, Decimal
+from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 
 from .models import Price, UsagePeriod
+
+if TYPE_CHECKING:  # for types only: billing does not depend on sandboxes at run time
+    from sandboxes.models import Sandbox, Snapshot
 
 MS_PER_HOUR = Decimal(3_600_000)
 AMOUNT_QUANTUM = Decimal("0.00000001")
@@ -64,11 +69,8 @@ def _close(period: UsagePeriod, at: datetime) -> UsagePeriod:
 
 
 @transaction.atomic
-def usage_transition(*, sandbox: object, kind: str | None, at: datetime) -> UsagePeriod | None:
+def usage_transition(*, sandbox: Sandbox, kind: str | None, at: datetime) -> UsagePeriod | None:
     """Close the sandbox's open period at ``at``; open one of ``kind`` (None: nothing more to bill)."""
-    from sandboxes.models import Sandbox
-
-    assert isinstance(sandbox, Sandbox)
     current = UsagePeriod.objects.select_for_update().filter(sandbox=sandbox, ended_at__isnull=True).first()
     if current is not None:
         if current.kind == kind:
@@ -93,16 +95,13 @@ def usage_transition(*, sandbox: object, kind: str | None, at: datetime) -> Usag
         return UsagePeriod.objects.filter(sandbox=sandbox, ended_at__isnull=True).first()
 
 
-def open_running_periods(sandboxes: list[object], ready: dict[str, datetime]) -> int:
+def open_running_periods(sandboxes: Sequence[Sandbox], ready: dict[str, datetime]) -> int:
     """The first running period of sandboxes that just started, in one insert
     (a launch starts hundreds at once). Call inside the transaction that moved
     them to running; one that already has an open period keeps it."""
-    from sandboxes.models import Sandbox
-
     prices: dict[tuple[str, float, int], Decimal] = {}
     periods = []
     for sandbox in sandboxes:
-        assert isinstance(sandbox, Sandbox)
         shape = (sandbox.size, sandbox.cpu, sandbox.memory_mib)
         if shape not in prices:
             prices[shape] = hourly_price(Price.Kind.RUNNING, *shape)
@@ -125,11 +124,8 @@ def open_running_periods(sandboxes: list[object], ready: dict[str, datetime]) ->
 
 
 @transaction.atomic
-def saved_state_transition(*, snapshot: object, gib: Decimal | None, at: datetime) -> UsagePeriod | None:
+def saved_state_transition(*, snapshot: Snapshot, gib: Decimal | None, at: datetime) -> UsagePeriod | None:
     """Saved state is billed per GiB-hour from creation to deletion (gib None: deleted)."""
-    from sandboxes.models import Snapshot
-
-    assert isinstance(snapshot, Snapshot)
     current = UsagePeriod.objects.select_for_update().filter(snapshot=snapshot, ended_at__isnull=True).first()
     if current is not None:
         _close(current, at)

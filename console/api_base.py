@@ -46,7 +46,7 @@ def _check(token: str) -> tuple[ApiKey | None, Verdict | None]:
 class ApiKeyAuth(HttpBearer):
     """Bearer API keys, checked and counted against the team's rate limit."""
 
-    async def __call__(self, request: HttpRequest) -> ApiKey | None:  # type: ignore[override]
+    async def __call__(self, request: HttpRequest) -> ApiKey | None:
         header = request.headers.get("Authorization", "")
         scheme, _, token = header.partition(" ")
         if scheme.lower() != "bearer" or not token:

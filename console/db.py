@@ -16,12 +16,13 @@ thread lives.  Without an error behind it the check costs no query.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Awaitable, Callable
+from typing import ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
 from django.db import connections
 
+P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -30,9 +31,9 @@ def _recycle_connections() -> None:
         connection.close_if_unusable_or_obsolete()
 
 
-def db(function: Callable[..., T]) -> Callable[..., Any]:
+def db(function: Callable[P, T]) -> Callable[P, Awaitable[T]]:
     @functools.wraps(function)
-    def checked(*args: Any, **kwargs: Any) -> T:
+    def checked(*args: P.args, **kwargs: P.kwargs) -> T:
         _recycle_connections()
         return function(*args, **kwargs)
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.contrib.auth.models import User
 from django.db import transaction
 from django.utils import timezone
 
@@ -37,7 +38,7 @@ def _digest(secret: str) -> str:
 
 @transaction.atomic
 def api_key_create(
-    *, team: Team, name: str, role: str = Role.ADMIN, created_by: object | None = None, expires_at: datetime | None = None
+    *, team: Team, name: str, role: str = Role.ADMIN, created_by: User | None = None, expires_at: datetime | None = None
 ) -> NewKey:
     prefix = secrets.token_hex(PREFIX_BYTES)
     secret = f"fy_{prefix}_{secrets.token_urlsafe(32)}"

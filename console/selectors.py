@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
 
+from django.contrib.auth.models import User
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
@@ -13,7 +13,7 @@ from .models import ApiKey, Invitation, Membership, Team
 SESSION_TEAM = "team_id"  # the session key for the current team (the board reads it too)
 
 
-def memberships_of(user: Any) -> list[Membership]:
+def memberships_of(user: User) -> list[Membership]:
     """Every team the user belongs to, for the team switcher: one query."""
     return list(Membership.objects.select_related("team").filter(user=user).order_by("team__name", "team_id"))
 

@@ -15,7 +15,7 @@ from sandboxes.api import router as sandbox_router
 
 from . import views, views_account
 from .api import router as account_router
-from .api_base import api
+from .api_base import api as api  # re-exported: the API once every router below is mounted on it
 
 api.add_router("", sandbox_router)
 api.add_router("", policy_router)

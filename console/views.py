@@ -69,7 +69,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
     form = None
     if request.method == "POST" and request.user.is_authenticated:
         try:
-            return _joined(request, invitation_accept(token=token, user=request.user))  # type: ignore[arg-type]
+            return _joined(request, invitation_accept(token=token, user=request.user))
         except AccountError as error:
             messages.error(request, error.message)
     elif request.method == "POST":

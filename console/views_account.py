@@ -33,7 +33,7 @@ def key_new(request: HttpRequest, membership: Membership) -> HttpResponse:
             team=membership.team,
             name=form.cleaned_data["name"],
             role=form.cleaned_data["role"],
-            created_by=request.user,
+            created_by=request.user if request.user.is_authenticated else None,  # always is: team_view signs in
             expires_at=form.expires_at(),
         )
         # Rendered, not redirected: the secret exists only in this response.

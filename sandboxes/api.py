@@ -15,7 +15,8 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Q
 from django.http import HttpRequest, StreamingHttpResponse
-from ninja import Query, Router
+from ninja import Router
+from ninja.params.functions import Query  # what ninja.Query(...) calls; ninja.Query itself is typed as Annotated[T, ...]
 
 from console.api_base import key_of
 from console.db import db

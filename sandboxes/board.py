@@ -53,7 +53,7 @@ from .wordmark import render
 log = logging.getLogger("forkyard.board")
 TICK_S = 0.1
 OVERLAP_S = 2.0  # rows committed late carry an older updated_at: look back this far
-STATE_CODES = {
+STATE_CODES: dict[str, int] = {  # a row's state -> its pixel's code
     Sandbox.State.QUEUED: REQUESTED,
     Sandbox.State.CREATING: STARTING,
     Sandbox.State.RUNNING: RUNNING,
@@ -277,6 +277,7 @@ async def _run() -> None:
 
     ticker = Ticker()
     layer = get_channel_layer()
+    assert layer is not None  # settings always configure one (console/settings.py)
     while True:
         started = time.monotonic()
         try:

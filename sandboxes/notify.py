@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Set
 
 from django.conf import settings
 
@@ -43,7 +43,7 @@ def _state(sandbox_id: str) -> Sandbox:
     return Sandbox.objects.select_related("host").get(pk=sandbox_id)
 
 
-async def wait_until(sandbox_id: str, settled: set[str], timeout_s: float) -> Sandbox:
+async def wait_until(sandbox_id: str, settled: Set[str], timeout_s: float) -> Sandbox:
     """The sandbox once its state is in ``settled``, or as it is at the timeout."""
     deadline = time.monotonic() + timeout_s
     if settings.REDIS_URL:
@@ -59,7 +59,7 @@ async def wait_until(sandbox_id: str, settled: set[str], timeout_s: float) -> Sa
             delay = min(delay * 1.5, POLL_MAX_S)
 
 
-async def _wait_redis(sandbox_id: str, settled: set[str], deadline: float) -> Sandbox:
+async def _wait_redis(sandbox_id: str, settled: Set[str], deadline: float) -> Sandbox:
     import redis.asyncio as aioredis
 
     client = aioredis.Redis.from_url(settings.REDIS_URL)
@@ -75,5 +75,5 @@ async def _wait_redis(sandbox_id: str, settled: set[str], deadline: float) -> Sa
             await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(remaining, 1.0))
     finally:
         await pubsub.unsubscribe()
-        await pubsub.aclose()
+        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis leaves PubSub.aclose unannotated
         await client.aclose()

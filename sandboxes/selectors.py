@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet, TextField
+from django.db.models import Count, Model, Q, QuerySet, TextField
 from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast
 from django.utils import timezone
@@ -14,6 +14,8 @@ from console.errors import ApiError, not_found
 from console.models import Team
 
 from .models import Launch, NetworkPolicy, Sandbox, Snapshot
+
+Labelled = TypeVar("Labelled", bound=Model)  # a model with a ``labels`` JSON field
 
 
 def sandbox_for(team: Team, sandbox_id: str) -> Sandbox:
@@ -69,7 +71,7 @@ def sandbox_out(sandbox: Sandbox) -> dict[str, Any]:
     }
 
 
-def with_label(rows: QuerySet[Any], label: str) -> QuerySet[Any]:
+def with_label(rows: QuerySet[Labelled], label: str) -> QuerySet[Labelled]:
     """Filter by ``key=value`` or ``key`` (any value).
 
     The key is a JSON key taken literally (KeyTextTransform), never spliced
@@ -81,7 +83,9 @@ def with_label(rows: QuerySet[Any], label: str) -> QuerySet[Any]:
     if not separator:
         return rows.filter(labels__has_key=key)
     # Cast: a JSON key transform would read "1" as the JSON number 1.
-    return rows.alias(label_value=Cast(KeyTextTransform(key, "labels"), output_field=TextField())).filter(label_value=value)
+    aliased = rows.alias(label_value=Cast(KeyTextTransform(key, "labels"), output_field=TextField()))
+    # The same rows: the stubs' plugin loses a generic queryset's model through alias().
+    return cast("QuerySet[Labelled]", aliased.filter(label_value=value))
 
 
 def sandboxes_page(

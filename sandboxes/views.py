@@ -7,7 +7,7 @@ the API's exec does, and its output is rendered once, never stored.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TypedDict
 
 from django.contrib import messages
 from django.http import Http404, HttpRequest, HttpResponse
@@ -117,6 +117,14 @@ def sandbox_detail(request: HttpRequest, membership: Membership, sandbox_id: str
     return _detail(request, _sandbox_or_404(membership.team, sandbox_id))
 
 
+class ExecOutcome(TypedDict):
+    """What a command run from the console shows: on the whole page, or as its htmx fragment."""
+
+    exec_form: ExecForm
+    result: ExecOutput | None
+    exec_error: str | None
+
+
 def _run(sandbox: Sandbox, cmd: str, timeout_s: float) -> tuple[ExecOutput | None, str | None]:
     """(output, None) or (None, a sentence for the page); the API's exec, run from a view."""
     if sandbox.state not in (Sandbox.State.RUNNING, Sandbox.State.PAUSED) or not sandbox.engine_id or sandbox.host is None:
@@ -138,7 +146,7 @@ def sandbox_exec(request: HtmxRequest, membership: Membership, sandbox_id: str) 
     result, error = None, None
     if form.is_valid():
         result, error = _run(sandbox, form.cleaned_data["cmd"], form.cleaned_data["timeout_s"])
-    outcome = {"exec_form": form, "result": result, "exec_error": error}
+    outcome: ExecOutcome = {"exec_form": form, "result": result, "exec_error": error}
     if request.htmx:
         return render(request, "sandboxes/_exec.html", {"sandbox": sandbox, **outcome})
     return _detail(request, sandbox, **outcome)

@@ -48,14 +48,15 @@ class Wordmark:
 
 def _render(text: str, size: int) -> Image.Image:
     font = ImageFont.load_default(size=size)
-    left, top, right, bottom = font.getbbox(text)
+    # Whole pixels: FreeType's box is made of ints, though a font's type allows floats.
+    left, top, right, bottom = (int(edge) for edge in font.getbbox(text))
     image = Image.new("1", (max(1, right - left), max(1, bottom - top)), 0)
     ImageDraw.Draw(image).text((-left, -top), text, font=font, fill=1)
     return image
 
 
 def _lit(image: Image.Image) -> int:
-    return int(sum(1 for value in image.getdata() if value))  # type: ignore[attr-defined]
+    return sum(image.histogram()[1:])  # every pixel that is not 0
 
 
 @functools.lru_cache(maxsize=32)
@@ -82,6 +83,7 @@ def render(text: str = "forkyard", target: int = FULL) -> Wordmark:
     canvas = Image.new("1", (width, height), 0)
     canvas.paste(best, (0, 0))
     pixels = canvas.load()
+    assert pixels is not None  # an image made in memory always has its pixels
     for index in range(missing):
         pixels[index % width, best.height + UNDERLINE_GAP + index // width] = 1
     bits = canvas.tobytes()  # mode "1": rows padded to bytes, MSB first
