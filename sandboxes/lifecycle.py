@@ -13,7 +13,8 @@ import logging
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections import Counter
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
@@ -95,6 +96,25 @@ def mark_running(sandbox: Sandbox, engine_record: dict[str, Any]) -> bool:
 
 
 _sqlite_writer = threading.Lock()
+_bringing_up: Counter[str] = Counter()  # row ids this process's bring_up calls are at
+_bringing_up_lock = threading.Lock()
+
+
+@contextmanager
+def _at_work(sandbox_ids: Iterable[str]) -> Iterator[None]:
+    ids = list(sandbox_ids)
+    with _bringing_up_lock:
+        _bringing_up.update(ids)
+    try:
+        yield
+    finally:
+        with _bringing_up_lock:
+            _bringing_up.subtract(ids)
+            for sandbox_id in ids:
+                if _bringing_up[sandbox_id] <= 0:
+                    del _bringing_up[sandbox_id]
+
+
 # Creates this worker has in flight at once, whatever the number of chunks it
 # runs: an engine makes a few hundred a second, and a deeper queue in front of
 # it only makes each sandbox wait longer between ready and recorded.
@@ -320,10 +340,25 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
     # Engine creates run in parallel; their results are written in batches
     # (what finished in the last few milliseconds, up to BATCH), so a launch
     # costs a few transactions per hundred sandboxes, not several each.
-    with ThreadPoolExecutor(min(PARALLEL, max(1, len(rows)))) as pool:
+    # Reconciliation takes a creating row whose engine sandbox runs but which no
+    # worker recorded for FORKYARD_STUCK_AFTER_S as lost with its worker, and
+    # adopts it. Rows of a big chunk wait longer than that on a busy host, so
+    # this process tells its own reconciliation which rows it is still at
+    # (_at_work), and other processes by a heartbeat on the waiting rows.
+    heartbeat_s = settings.FORKYARD_STUCK_AFTER_S / 4
+    last_beat = time.monotonic()
+    with _at_work(row.pk for row in rows), ThreadPoolExecutor(min(PARALLEL, max(1, len(rows)))) as pool:
         pending = {pool.submit(create, row): row for row in rows}
         batch: list[tuple[Sandbox, dict[str, Any]]] = []
         while pending:
+            if time.monotonic() - last_beat >= heartbeat_s:
+                waiting = [row.pk for row in pending.values()]
+                with _one_writer():
+                    for start in range(0, len(waiting), 500):
+                        Sandbox.objects.filter(pk__in=waiting[start : start + 500], state=Sandbox.State.CREATING).update(
+                            updated_at=timezone.now()
+                        )
+                last_beat = time.monotonic()
             done, _ = wait(pending, timeout=BATCH_WAIT_S, return_when=FIRST_COMPLETED)
             for future in done:
                 row = pending.pop(future)
@@ -443,33 +478,53 @@ def reconcile(host: Host) -> dict[str, int]:
     client = engine(host.engine_socket)
     live = {record["id"]: record for record in client.list()}
     counts = {"ended": 0, "adopted": 0, "orphans_destroyed": 0, "requeued": 0, "billing_fixed": 0}
-    rows = Sandbox.objects.filter(host=host, state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED, Sandbox.State.STOPPING])
-    known: set[str] = set()
-    for sandbox in rows.exclude(engine_id=""):
-        known.add(sandbox.engine_id)
-        record = live.get(sandbox.engine_id)
-        if record is None or record["state"] in ("stopped", "destroyed"):
-            try:
-                record = client.get(sandbox.engine_id)
-            except engine_errors.EngineError:
-                record = {}
-            if record.get("state") in ("running", "paused", "creating"):
-                continue  # it started after we listed the host
-            state = Sandbox.State.STOPPED if record.get("state") == "stopped" else Sandbox.State.DESTROYED
-            if sandbox.state == Sandbox.State.STOPPING:
-                state = Sandbox.State.DESTROYED
-            mark_ended(sandbox, state, at=_when(record.get("ended_at")), message=record.get("reason") or "")
-            if record.get("state") == "stopped":
-                client.destroy(sandbox.engine_id)
-            counts["ended"] += 1
+    # Read ids, not rows: a pass runs every few seconds over every live sandbox of
+    # the host; only those whose engine sandbox is gone are loaded whole.
+    recorded = dict(
+        Sandbox.objects.filter(host=host, state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED, Sandbox.State.STOPPING])
+        .exclude(engine_id="")
+        .values_list("engine_id", "pk")
+    )
+    known = set(recorded)
+    gone = [
+        recorded[engine_id]
+        for engine_id in known
+        if live.get(engine_id, {}).get("state", "destroyed") in ("stopped", "destroyed")
+    ]
+    # In chunks: a whole launch may end at once, and SQLite takes at most 32,766 parameters.
+    for sandbox in (
+        row
+        for start in range(0, len(gone), 500)
+        for row in Sandbox.objects.filter(
+            pk__in=gone[start : start + 500], state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED, Sandbox.State.STOPPING]
+        )
+    ):
+        try:
+            record = client.get(sandbox.engine_id)
+        except engine_errors.EngineError:
+            record = {}
+        if record.get("state") in ("running", "paused", "creating"):
+            continue  # it started after we listed the host
+        state = Sandbox.State.STOPPED if record.get("state") == "stopped" else Sandbox.State.DESTROYED
+        if sandbox.state == Sandbox.State.STOPPING:
+            state = Sandbox.State.DESTROYED
+        mark_ended(sandbox, state, at=_when(record.get("ended_at")), message=record.get("reason") or "")
+        if record.get("state") == "stopped":
+            client.destroy(sandbox.engine_id)
+        counts["ended"] += 1
     # The other direction: sandboxes the engine runs that no live row claims.
     wanted = set(
-        Sandbox.objects.filter(host=host, engine_id__in=list(live), state__in=Sandbox.LIVE).values_list("engine_id", flat=True)
+        Sandbox.objects.filter(host=host, state__in=Sandbox.LIVE).exclude(engine_id="").values_list("engine_id", flat=True)
     )
-    for engine_id, record in live.items():
-        if engine_id in wanted or engine_id in known:
-            continue
-        outcome = _claim_by_key(host, engine_id, record)
+    unclaimed = {engine_id: record for engine_id, record in live.items() if engine_id not in wanted and engine_id not in known}
+    # Mid-launch most of them are creates whose worker has not written yet: their
+    # rows are read in one query, not one each.
+    keys = [record["key"] for record in unclaimed.values() if record.get("state") != "creating" and record.get("key")]
+    rows_by_key: dict[str, Sandbox] = {}
+    for start in range(0, len(keys), 500):
+        rows_by_key.update(Sandbox.objects.filter(host=host).in_bulk(keys[start : start + 500]))
+    for engine_id, record in unclaimed.items():
+        outcome = _claim_by_key(engine_id, record, rows_by_key.get(record.get("key") or ""))
         if outcome == "orphan":
             client.destroy(engine_id)
             counts["orphans_destroyed"] += 1
@@ -478,11 +533,16 @@ def reconcile(host: Host) -> dict[str, int]:
     # Commands lost with a worker or broker: queue them again (they are idempotent).
     from .services import enqueue_bring_up, enqueue_take_down
 
-    stuck = list(
-        Sandbox.objects.filter(
+    # Not those this process is still creating: a big chunk on a busy host outlasts
+    # FORKYARD_STUCK_AFTER_S between heartbeats, and a second command for its rows
+    # would only race the first.
+    stuck = [
+        sandbox_id
+        for sandbox_id in Sandbox.objects.filter(
             host=host, state__in=[Sandbox.State.QUEUED, Sandbox.State.CREATING], updated_at__lt=_stuck_before()
-        ).values_list("id", flat=True)[:1000]
-    )
+        ).values_list("id", flat=True)[:5000]
+        if sandbox_id not in _bringing_up
+    ][:1000]
     if stuck:
         Sandbox.objects.filter(id__in=stuck).update(updated_at=timezone.now())
         enqueue_bring_up(host, stuck)
@@ -501,8 +561,9 @@ def reconcile(host: Host) -> dict[str, int]:
     return counts
 
 
-def _claim_by_key(host: Host, engine_id: str, record: dict[str, Any]) -> str:
-    """Whose is an engine sandbox no row names?  Its key is the row's id.
+def _claim_by_key(engine_id: str, record: dict[str, Any], row: Sandbox | None) -> str:
+    """Whose is an engine sandbox no row names?  Its key is the row's id
+    (``row``: the host's row of that id, if there is one).
 
     "kept": a row recorded it since we listed; "adopted": its create finished
     after the command that asked for it died, so we record it now rather than
@@ -512,8 +573,6 @@ def _claim_by_key(host: Host, engine_id: str, record: dict[str, Any]) -> str:
         # Its create is still running in the engine (a fork waits for its snapshot's
         # services to answer): whoever asked records it, or the next pass judges it.
         return "kept"
-    key = record.get("key")
-    row = Sandbox.objects.filter(pk=key, host=host).first() if key else None
     if row is None or row.state not in Sandbox.LIVE:
         return "orphan"
     if row.engine_id == engine_id:
@@ -521,7 +580,7 @@ def _claim_by_key(host: Host, engine_id: str, record: dict[str, Any]) -> str:
     if row.engine_id:
         return "orphan"  # a second sandbox for one row: the recorded one stands
     if row.state in (Sandbox.State.QUEUED, Sandbox.State.CREATING):
-        if row.updated_at >= _stuck_before():
+        if row.pk in _bringing_up or row.updated_at >= _stuck_before():
             # Its command may still be at work (a fork's create returns only once its
             # services answer, and the engine lists it before): that worker records it.
             return "kept"
