@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import threading
 import time
 
-from celery.signals import worker_ready, worker_shutting_down
+from celery.signals import beat_embedded_init, worker_ready, worker_shutting_down
 from django.conf import settings
 from django.db import close_old_connections
 
@@ -53,6 +54,22 @@ def start_agent(**_: object) -> None:
 @worker_shutting_down.connect
 def stop_agent(**_: object) -> None:
     _stop.set()
+
+
+@beat_embedded_init.connect
+def die_with_the_worker(**_: object) -> None:
+    """`celery worker -B` runs beat in a child process. A worker killed with
+    SIGKILL (the faults it must survive) left that child scheduling on its own,
+    for good, and twice once the worker came back; now the kernel kills it with
+    its parent."""
+    from billiard.process import current_process
+
+    from sandboxes.engine.kernel import PR_SET_PDEATHSIG, Kernel
+
+    worker = getattr(current_process(), "_parent_pid", None)  # set by the worker before it forked
+    Kernel().prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if worker is not None and os.getppid() != worker:  # the worker died before the line above
+        os._exit(0)
 
 
 def wait_for_host(name: str, timeout_s: float = 30.0) -> bool:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import time
+from pathlib import Path
 
 import pytest
 
@@ -28,6 +29,10 @@ def launch_members(api, launch_id: str) -> list[dict]:
         cursor = page["next_cursor"]
         if not cursor:
             return members
+
+
+def _children(pid: int) -> list[int]:
+    return [int(child) for task in Path(f"/proc/{pid}/task").iterdir() for child in (task / "children").read_text().split()]
 
 
 def test_launch_of_200_runs_a_command_in_each_and_tears_down(api, stack):
@@ -75,7 +80,15 @@ def test_worker_killed_mid_launch_leaves_no_orphan_and_no_double(api, stack):
     while api.get(f"/api/v1/launches/{created['id']}").json()["progress"]["running"] < 10:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    stack.kill(stack.worker_pid)
+    worker = stack.worker_pid
+    assert worker is not None
+    beats = _children(worker)
+    assert beats, "the worker runs beat (-B) in a child process"
+    stack.kill(worker)
+    deadline = time.monotonic() + 5
+    while any(Path(f"/proc/{pid}").exists() for pid in beats) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in beats if Path(f"/proc/{pid}").exists()], "the killed worker's beat kept running"
     stack.start_worker()
     launch = wait_for(api, created["id"], {"ready"}, timeout_s=180)
     assert launch["progress"]["running"] == 120 and launch["progress"]["failed"] == 0
