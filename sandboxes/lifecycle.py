@@ -37,7 +37,11 @@ from .models import Host, Launch, Sandbox, Snapshot
 log = logging.getLogger("forkyard.lifecycle")
 PARALLEL = 16
 BATCH = 64  # sandboxes recorded running per transaction, at most
-BATCH_WAIT_S = 0.005  # a result waits at most this long for others to share its transaction
+# A started sandbox waits at most this long for others to share its transaction.
+# Each transaction costs the database a few queries and a commit: at 5 ms a
+# launch of 1,000 wrote in ~1,000 of them (6.1 s on PostgreSQL), at 100 ms in
+# ~150 (see docs/benchmarks.md); the board shows a pixel that much later at most.
+BATCH_WAIT_S = 0.1
 
 
 def _stuck_before() -> datetime:
@@ -350,6 +354,7 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
     with _at_work(row.pk for row in rows), ThreadPoolExecutor(min(PARALLEL, max(1, len(rows)))) as pool:
         pending = {pool.submit(create, row): row for row in rows}
         batch: list[tuple[Sandbox, dict[str, Any]]] = []
+        batch_opened = 0.0
         while pending:
             if time.monotonic() - last_beat >= heartbeat_s:
                 waiting = [row.pk for row in pending.values()]
@@ -359,15 +364,18 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
                             updated_at=timezone.now()
                         )
                 last_beat = time.monotonic()
-            done, _ = wait(pending, timeout=BATCH_WAIT_S, return_when=FIRST_COMPLETED)
+            left = BATCH_WAIT_S - (time.monotonic() - batch_opened) if batch else heartbeat_s
+            done, _ = wait(pending, timeout=max(0.0, left), return_when=FIRST_COMPLETED)
             for future in done:
                 row = pending.pop(future)
                 outcome, record = future.result()
-                if outcome == "started":
-                    batch.append((row, record))
-                else:
+                if outcome != "started":
                     counts[outcome] += 1
-            if batch and (len(batch) >= BATCH or not done or not pending):
+                    continue
+                if not batch:
+                    batch_opened = time.monotonic()
+                batch.append((row, record))
+            if batch and (len(batch) >= BATCH or not pending or time.monotonic() - batch_opened >= BATCH_WAIT_S):
                 record_started(batch)
                 batch = []
     notify.publish(sandbox_ids)

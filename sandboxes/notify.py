@@ -9,14 +9,19 @@ embedded default the request polls the database row, a few milliseconds apart.
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from collections.abc import Iterable, Set
+from typing import TYPE_CHECKING
 
 from django.conf import settings
 
 from console.db import db
 
 from .models import Sandbox
+
+if TYPE_CHECKING:
+    import redis
 
 POLL_S = 0.002  # a create settles within tens of milliseconds: look often, then less
 POLL_FAST_FOR_S = 0.25
@@ -27,13 +32,19 @@ def _channel(sandbox_id: str) -> str:
     return f"fy:sandbox:{sandbox_id}"
 
 
+@functools.cache
+def _publisher(url: str) -> redis.Redis:
+    """One client (and connection pool) per process: a worker publishes after
+    every batch it records, and a connection each time cost a TCP handshake."""
+    import redis
+
+    return redis.Redis.from_url(url)
+
+
 def publish(sandbox_ids: Iterable[str]) -> None:
     if not settings.REDIS_URL:
         return
-    import redis
-
-    client = redis.Redis.from_url(settings.REDIS_URL)
-    pipeline = client.pipeline()
+    pipeline = _publisher(settings.REDIS_URL).pipeline()
     for sandbox_id in sandbox_ids:
         pipeline.publish(_channel(sandbox_id), b"1")
     pipeline.execute()
