@@ -432,14 +432,18 @@ def launch_settle(launch_id: str) -> None:
 
 def dispatch(launch_id: str, env: dict[str, str], enqueue: Callable[[Host, list[str]], None]) -> int:
     """Make a launch's sandboxes, in chunks spread over hosts with room."""
-    from .services import live_hosts
+    from .services import hosts_for
 
-    launch = Launch.objects.get(pk=launch_id)
+    launch = Launch.objects.select_related("team", "snapshot").get(pk=launch_id)
     if launch.state != Launch.State.CREATING:
         return 0
     existing = set(Sandbox.objects.filter(launch=launch).values_list("launch_index", flat=True))
     missing = [index for index in range(launch.count) if index not in existing]
-    hosts = sorted(live_hosts(), key=lambda host: host.engine_sandboxes - host.max_sandboxes)
+    # Every host that can run it, forks included: a launch spreads over hosts
+    # for speed, and a host without the snapshot gets it copied once.
+    tiers = hosts_for(team=launch.team, template=launch.template, snapshot=launch.snapshot)
+    capable = [host for tier in tiers for host in tier]
+    hosts = sorted(capable, key=lambda host: host.engine_sandboxes - host.max_sandboxes)
     if not hosts:
         Launch.objects.filter(pk=launch.pk).update(state=Launch.State.FAILED, ended_at=timezone.now())
         return 0

@@ -116,20 +116,40 @@ def live_hosts() -> list[Host]:
     return list(Host.objects.filter(state=Host.State.ONLINE, last_heartbeat__gte=fresh))
 
 
-def choose_host(*, memory_mib: int, count: int = 1) -> Host:
-    """The live host with the most room (by sandbox count, then memory)."""
+def hosts_for(*, team: Team, template: str, snapshot: Snapshot | None = None) -> list[list[Host]]:
+    """The live hosts that can run it, in tiers of preference.
+
+    A template runs only on the hosts that hold it (those whose engines
+    reported it; any live host if none has yet). A fork runs anywhere, but a
+    host without its snapshot first gets it copied (seconds for a big one), so
+    the hosts holding it come first.
+    """
     hosts = live_hosts()
-    if not hosts:
+    holding = set(Template.objects.filter(Q(team__isnull=True) | Q(team=team), name=template).values_list("hosts", flat=True)) - {
+        None
+    }
+    if holding and snapshot is None:
+        hosts = [host for host in hosts if host.pk in holding]
+    if snapshot is None:
+        return [hosts]
+    with_snapshot = set(snapshot.hosts.values_list("pk", flat=True))
+    return [[host for host in hosts if host.pk in with_snapshot], [host for host in hosts if host.pk not in with_snapshot]]
+
+
+def choose_host(*, tiers: list[list[Host]], count: int = 1) -> Host:
+    """The host with the most room (by sandbox count) in the first tier that has room."""
+    if not any(tiers):
         raise unavailable("no host is online to run sandboxes", code="no_capacity")
-    best, room = None, 0
-    for host in hosts:
-        pending = Sandbox.objects.filter(host=host, state__in=[Sandbox.State.QUEUED, Sandbox.State.CREATING]).count()
-        free = host.max_sandboxes - host.engine_sandboxes - pending
-        if free >= count and free > room:
-            best, room = host, free
-    if best is None:
-        raise unavailable("every host is full; try again shortly", code="no_capacity", retry_after_s=10)
-    return best
+    for hosts in tiers:
+        best, room = None, 0
+        for host in hosts:
+            pending = Sandbox.objects.filter(host=host, state__in=[Sandbox.State.QUEUED, Sandbox.State.CREATING]).count()
+            free = host.max_sandboxes - host.engine_sandboxes - pending
+            if free >= count and free > room:
+                best, room = host, free
+        if best is not None:
+            return best
+    raise unavailable("every host is full; try again shortly", code="no_capacity", retry_after_s=10)
 
 
 def _check_quota(team: Team, adding: int) -> None:
@@ -176,7 +196,7 @@ def sandbox_create(*, team: Team, key: ApiKey | None, spec: CreateSpec, direct: 
             return existing, False
     resolved = resolve(team=team, spec=spec)
     _check_quota(team, 1)
-    host = choose_host(memory_mib=resolved.memory_mib)
+    host = choose_host(tiers=hosts_for(team=team, template=resolved.template, snapshot=resolved.snapshot))
     try:
         with transaction.atomic():
             lock_ready(resolved.snapshot)
