@@ -109,7 +109,9 @@ def bench_launch(stack: Stack, count: int) -> dict[str, Any]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=("embedded", "postgres"), default=os.environ.get("FORKYARD_TEST_BACKEND", "embedded"))
+    parser.add_argument(
+        "--backend", choices=("embedded", "postgres"), default=os.environ.get("FORKYARD_TEST_BACKEND", "embedded")
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -120,7 +122,11 @@ def main() -> int:
     os.chmod(work, 0o755)
     os.environ["FORKYARD_TEST_BACKEND"] = args.backend
     stack = Stack(work / "stack", backend=args.backend)
-    report: dict[str, Any] = {"machine": machine(), "backend": args.backend, "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    report: dict[str, Any] = {
+        "machine": machine(),
+        "backend": args.backend,
+        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     try:
         stack.start()
         stack.set_limits(stack.teams[0], requests_per_second=100000, max_sandboxes=40000)

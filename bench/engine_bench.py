@@ -96,6 +96,28 @@ def proportional_set_kib(pid: int) -> int:
     return 0
 
 
+def descendants(roots: list[int]) -> set[int]:
+    """The processes under ``roots``, roots included."""
+    table = processes()
+    found, frontier = set(roots), list(roots)
+    while frontier:
+        parent = frontier.pop()
+        children = [pid for pid, (_, ppid) in table.items() if ppid == parent and pid not in found]
+        found.update(children)
+        frontier.extend(children)
+    return found
+
+
+def fleet_memory_kib(kernel_before: dict[str, int], pids: set[int], fleet: int) -> dict[str, float]:
+    """Per idle sandbox: what the kernel's own memory grew by, and the
+    proportional set of the processes that keep the fleet alive. The same
+    measure for every runtime, so the figures compare."""
+    kernel_after = kernel_memory_kib()
+    breakdown = {key: round((kernel_after[key] - kernel_before[key]) / fleet, 1) for key in KERNEL_MEMORY}
+    breakdown["processes_pss"] = round(sum(proportional_set_kib(pid) for pid in pids) / fleet, 1)
+    return breakdown | {"total": round(sum(breakdown.values()), 1)}
+
+
 def settle(timeout_s: float = 30.0) -> None:
     """Drop caches and wait until memory use stops moving: destroyed network
     namespaces, for one, are freed by a kernel worker seconds later."""
@@ -217,7 +239,7 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
         # The same through a warm pool: a create is a claim (refilled behind it).
         client.call("pools.set", template="base", size="tiny", count=32)
         _wait_for_pool(client, 32)
-        before = client.info()
+        pool_before = client.info()
         warm = []
         for _ in range(samples):
             started = time.perf_counter()
@@ -228,8 +250,8 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
             time.sleep(0.01)  # rollouts do work between creates; the pool refills meanwhile
         after = client.info()
         results["warm_create_to_exec_ms"] = summary(warm) | {
-            "claims": after["pool_claims"] - before["pool_claims"],
-            "misses": after["pool_misses"] - before["pool_misses"],
+            "claims": after["pool_claims"] - pool_before["pool_claims"],
+            "misses": after["pool_misses"] - pool_before["pool_misses"],
         }
         client.call("pools.set", template="base", size="tiny", count=0)
         sandbox = client.create(template="base", size="tiny", ttl_s=600)["id"]
@@ -275,12 +297,10 @@ def bench_forkyard(engine: EngineProcess, samples: int, fleet: int) -> dict[str,
     time.sleep(2.0)
     settle()
     results["idle_memory_kib"] = round((used_memory_kib() - before) / len(ids), 1)
-    kernel_after = kernel_memory_kib()
-    breakdown = {key: round((kernel_after[key] - kernel_before[key]) / len(ids), 1) for key in KERNEL_MEMORY}
     zygote = cpu.zygote_pid
-    inits = [pid for pid in children_of(cpu.spawner_pid) if pid not in cpu.existing and pid != zygote]
-    breakdown["init_pss"] = round(sum(proportional_set_kib(pid) for pid in inits) / len(ids), 1)
-    results["idle_memory_breakdown_kib"] = breakdown | {"total": round(sum(breakdown.values()), 1)}
+    # The sandboxes' inits; the engine, spawner and zygote are one per host, not per sandbox.
+    inits = {pid for pid in children_of(cpu.spawner_pid) if pid not in cpu.existing and pid != zygote}
+    results["idle_memory_breakdown_kib"] = fleet_memory_kib(kernel_before, inits, len(ids))
 
     def destroy_many(chunk: list[str]) -> None:
         with engine.client() as client:
@@ -346,7 +366,7 @@ def bench_podman(tarball: Path, samples: int, fleet: int) -> dict[str, Any]:
         finally:
             subprocess.run(PODMAN + ["rm", "-f", "-t", "0", name], capture_output=True)
         settle()
-        before = used_memory_kib()
+        before, kernel_before = used_memory_kib(), kernel_memory_kib()
         names = [f"forkyard-bench-idle-{index}" for index in range(fleet)]
         started = time.perf_counter()
         for name in names:
@@ -355,6 +375,13 @@ def bench_podman(tarball: Path, samples: int, fleet: int) -> dict[str, Any]:
         time.sleep(2.0)
         settle()
         results["idle_memory_kib"] = round((used_memory_kib() - before) / fleet, 1)
+        inspected = subprocess.run(
+            PODMAN + ["inspect", "--format", "{{.State.ConmonPid}}", *names], check=True, capture_output=True, text=True
+        ).stdout.split()
+        # conmon and what it keeps running (the container's process).
+        results["idle_memory_breakdown_kib"] = fleet_memory_kib(
+            kernel_before, descendants([int(pid) for pid in inspected if pid.isdigit()]), fleet
+        )
         results["fleet"] = fleet
         subprocess.run(PODMAN + ["rm", "-f", "-t", "0", *names], capture_output=True)
     finally:
@@ -371,15 +398,16 @@ def bench_bwrap(rootfs: Path, samples: int, fleet: int) -> dict[str, Any]:
     )
     results["exec_ms"] = results["create_to_exec_ms"] | {"note": "no exec into a running bwrap: each command is a new sandbox"}
     settle()
-    before = used_memory_kib()
+    before, kernel_before = used_memory_kib(), kernel_memory_kib()
     started = time.perf_counter()
-    processes = [subprocess.Popen(command + ["/bin/sleep", "3600"]) for _ in range(fleet)]
+    running = [subprocess.Popen(command + ["/bin/sleep", "3600"]) for _ in range(fleet)]
     results["creates_per_second"] = round(fleet / (time.perf_counter() - started), 1)
     time.sleep(2.0)
     settle()
     results["idle_memory_kib"] = round((used_memory_kib() - before) / fleet, 1)
+    results["idle_memory_breakdown_kib"] = fleet_memory_kib(kernel_before, descendants([p.pid for p in running]), fleet)
     results["fleet"] = fleet
-    for process in processes:
+    for process in running:
         process.kill()
         process.wait()
     return results
@@ -439,6 +467,12 @@ def print_table(report: dict[str, Any]) -> None:
             ours["idle_memory_kib"],
             podman.get("idle_memory_kib"),
             bwrap.get("idle_memory_kib"),
+        ),
+        (
+            "kernel + processes per idle sandbox (KiB)",
+            ours["idle_memory_breakdown_kib"]["total"],
+            podman.get("idle_memory_breakdown_kib", {}).get("total"),
+            bwrap.get("idle_memory_breakdown_kib", {}).get("total"),
         ),
     ]
     print(f"\n{'':42} {'forkyard':>10} {'podman':>10} {'bwrap':>10}   podman/forkyard  bwrap/forkyard")

@@ -56,12 +56,12 @@ def serve(path: str) -> None:
                 except BlockingIOError:
                     pass
             else:
-                connection = key.fileobj
-                assert isinstance(connection, socket.socket)
-                line = connection.recv(1 << 20)
+                client = key.fileobj
+                assert isinstance(client, socket.socket)
+                line = client.recv(1 << 20)
                 if not line:
-                    selector.unregister(connection)
-                    connection.close()
+                    selector.unregister(client)
+                    client.close()
                     continue
                 request = json.loads(line)
                 if request["op"] == "spawn":
@@ -79,7 +79,7 @@ def serve(path: str) -> None:
                 else:
                     pid = int(request["pid"])
                     reply = {"exited": statuses.get(pid) is not None, "status": statuses.get(pid)}
-                connection.sendall(json.dumps(reply).encode() + b"\n")
+                client.sendall(json.dumps(reply).encode() + b"\n")
         while True:
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
