@@ -18,8 +18,8 @@ def usage(request: HttpRequest, membership: Membership) -> HttpResponse:
     window = request.GET.get("window", "24h")
     if window not in charts.WINDOWS:
         window = "24h"
-    by_size = charts.window_series(membership.team, window, "size")
-    by_key = charts.window_series(membership.team, window, "key")
+    series = charts.window_series_by(membership.team, window, ("size", "key"))
+    by_size, by_key = series["size"], series["key"]
     figures = [
         ("seconds-by-size", charts.seconds_figure(by_size, "Sandbox-seconds by size")),
         ("cost-by-size", charts.cost_figure(by_size, "Cost by size (USD)")),

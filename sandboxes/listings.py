@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Generic, TypeVar
 
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, IntegerField, OuterRef, Q, QuerySet, Subquery
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from console.models import Team
@@ -75,15 +76,30 @@ def recent_launches(team: Team, count: int = 5) -> list[Launch]:
     return list(Launch.objects.filter(team=team).order_by("-created_at", "-id")[:count])
 
 
+def _members_in(states: list[str]) -> Coalesce:
+    """How many of a launch's sandboxes are in these states, counted on the
+    (launch, state) index for each launch of the page."""
+    counted = (
+        Sandbox.objects.filter(launch=OuterRef("pk"), state__in=states)
+        .order_by()
+        .values("launch")
+        .annotate(n=Count("pk"))
+        .values("n")
+    )
+    return Coalesce(Subquery(counted, output_field=IntegerField()), 0)
+
+
 def launches_page(team: Team, cursor: str | None) -> Page[Launch]:
-    """Launches with their running and failed counts (annotations: no query per row)."""
-    live = Q(sandboxes__state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED])
+    """Launches with their running and failed counts (annotations: no query per row).
+
+    A subquery per launch of the page, not a join grouped by launch: the join
+    read every member row of every launch (176 ms for one launch of 32,752 on
+    SQLite), the subqueries count index entries of the page's launches only.
+    """
     rows = (
         Launch.objects.filter(team=team)
         .select_related("snapshot")
-        .annotate(
-            running=Count("sandboxes", filter=live), failed=Count("sandboxes", filter=Q(sandboxes__state=Sandbox.State.FAILED))
-        )
+        .annotate(running=_members_in([Sandbox.State.RUNNING, Sandbox.State.PAUSED]), failed=_members_in([Sandbox.State.FAILED]))
     )
     return keyset_page(rows, cursor)
 
