@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import shutil
 import sys
@@ -31,10 +30,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_bench import machine, summary, timed  # noqa: E402
+from bench.engine_bench import machine, summary, timed, write_report  # noqa: E402
 from tests.support.stack import Stack  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 GOALS = {"create_to_exec_p50_ms": 50.0, "exec_p50_ms": 20.0, "launch_1000_s": 5.0}
 
 
@@ -155,10 +153,7 @@ def main() -> int:
     print(f"execs per second (8 clients)       {http['execs_per_second']:>10}")
     print(f"launch of {launch['count']}: exec-ready in {launch['ready_s']} s ({launch['rate_per_s']}/s), {launch['progress']}")
     print("goals: " + ", ".join(f"{name} {'met' if met else 'NOT met'}" for name, met in report["goals_met"].items()))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"api-{args.backend}{'-quick' if args.quick else ''}-latest.json"
-    (RESULTS / name).write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {RESULTS / name}")
+    write_report(f"api-{args.backend}{'-quick' if args.quick else ''}-latest.json", report)
     return 0
 
 

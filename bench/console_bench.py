@@ -18,7 +18,6 @@ with the team: the same run with --rows 1000 is the comparison.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import shutil
@@ -33,10 +32,9 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_bench import machine, summary  # noqa: E402
+from bench.engine_bench import machine, summary, write_report  # noqa: E402
 from tests.support.stack import Stack, Team  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 LOADS = 20
 GOAL_P95_MS = 250.0
 
@@ -173,10 +171,7 @@ def main() -> int:
     for name, page in report["pages"].items():
         print(f"{name:34} {page['p50']:>9} {page['p95']:>9} {page['bytes'] / 1024:>7.1f}")
     print(f"goal: every page p95 under {GOAL_P95_MS:g} ms: {'met' if report['goal_met'] else 'NOT met'} (slowest {slowest} ms)")
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = f"console-{args.backend}-{args.rows}-latest.json"
-    (RESULTS / name).write_text(json.dumps(report, indent=2, default=str))
-    print(f"wrote {RESULTS / name}")
+    write_report(f"console-{args.backend}-{args.rows}-latest.json", report)
     return 0
 
 

@@ -61,6 +61,15 @@ def timed(action: Callable[[], Any]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
+def write_report(name: str, report: dict[str, Any]) -> Path:
+    """Save a benchmark's report as bench/results/<name> (JSON) and say where."""
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / name
+    path.write_text(json.dumps(report, indent=2, default=str))
+    print(f"wrote {path}")
+    return path
+
+
 def used_memory_kib() -> int:
     """Memory in use that the kernel cannot simply drop (call after settle())."""
     fields = {}

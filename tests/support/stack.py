@@ -289,7 +289,7 @@ class Stack:
             import kombu
 
             with kombu.Connection(RABBITMQ_TEST_URL, connect_timeout=5) as connection:
-                channel = connection.default_channel
+                channel: Any = connection.default_channel  # kombu types it as the abstract StdChannel
                 for queue in self.queues:
                     channel.queue_delete(queue)
         if self.backend in SERVER_BACKENDS:
