@@ -19,8 +19,9 @@ be read and tested without root:
    ``/proc/self/fd``.
 5. ``/proc``, a read-only ``/sys``, a minimal ``/dev``: one bind of a
    directory the engine prepared (null, zero, full, random, urandom, tty,
-   owned by host root, so the sandbox cannot change it), with devpts, shm and
-   mqueue mounted on it.
+   owned by host root, so the sandbox cannot change it), with devpts and
+   mqueue mounted on it, and ``/dev/shm`` a bind of a directory of the
+   scratch tmpfs (no superblock of its own: see :func:`prepare_empty`).
 6. Mask the ``/proc`` entries that reveal or reach the host kernel; make
    ``/proc/sys`` and friends read-only; hide firmware and driver trees under
    an empty read-only directory.
@@ -74,15 +75,15 @@ class RootfsSpec(NamedTuple):
     disk_bytes: int
     dev_dir: str  # prepared by prepare_dev()
     empty_dir: str  # prepared by prepare_empty()
-    shm_bytes: int = 64 * 1024 * 1024
 
 
 class Step(NamedTuple):
     """One step of the plan, as native/confine.c runs it.
 
     ``op`` is one of: ``mount`` (``source``, ``fstype`` (empty for a bind),
-    ``flags``, ``data``), ``bind-read-only`` (bind ``source``, a host path, or
-    else the target itself, onto the target, then remount it with ``flags``),
+    ``flags``, ``data``), ``bind-remount`` (bind ``source``, a host path, or
+    else the target itself, onto the target, then remount it with ``flags``:
+    read-only, or with the flags the kernel locks),
     ``mkdir``, ``keep-layer`` (init's fd 5),
     ``chdir``, ``enter-root`` (relative targets live under it from then on),
     ``pivot``.
@@ -165,6 +166,10 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
     """Every step that builds the sandbox's root, in the order they run."""
     upper = os.path.join(spec.scratch_dir, "upper")
     work = os.path.join(spec.scratch_dir, "work")
+    # /dev/shm lives on the scratch tmpfs beside the writable layer (charged to
+    # the sandbox, bounded by its disk, never in a snapshot): a tmpfs of its own
+    # was one more superblock, and superblocks cost every memory cgroup a slot.
+    shared_memory = os.path.join(spec.scratch_dir, "shm")
     return (
         Step("mount", "/", flags=MS_REC | MS_PRIVATE),
         Step(
@@ -177,6 +182,7 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
         ),
         Step("mkdir", upper, mode=0o755),
         Step("mkdir", work, mode=0o700),
+        Step("mkdir", shared_memory, mode=0o1777),
         Step("keep-layer", upper),
         Step("chdir", spec.layers_dir),
         Step("mount", spec.root_dir, source="overlay", fstype="overlay", data=overlay_options(spec, upper, work)),
@@ -185,15 +191,15 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
         _mount_on("sys", "sysfs", "sysfs", MS_RDONLY | LOCKED),
         _mount_on("dev", spec.dev_dir, "", MS_BIND),
         _mount_on("pts", "devpts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5", "dev"),
-        _mount_on("shm", "shm", "tmpfs", LOCKED, f"mode=1777,size={spec.shm_bytes}", "dev"),
+        Step("bind-remount", "shm", "dev", shared_memory, flags=MS_REMOUNT | MS_BIND | LOCKED),
         _mount_on("mqueue", "mqueue", "mqueue", LOCKED, within="dev"),
         *(Step("mount", name, "proc", "/dev/null", flags=MS_BIND, missing="skip") for name in MASKED_PROC_FILES),
         *(
-            Step("bind-read-only", name, "proc", flags=MS_REMOUNT | MS_BIND | MS_RDONLY | LOCKED, missing="skip")
+            Step("bind-remount", name, "proc", flags=MS_REMOUNT | MS_BIND | MS_RDONLY | LOCKED, missing="skip")
             for name in READ_ONLY_PROC
         ),
         *(
-            Step("bind-read-only", name, within, spec.empty_dir, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | LOCKED, missing="skip")
+            Step("bind-remount", name, within, spec.empty_dir, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | LOCKED, missing="skip")
             for within, name in MASKED_DIRECTORIES
         ),
         Step("mkdir", "tmp", mode=0o1777),

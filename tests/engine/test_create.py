@@ -202,6 +202,21 @@ def test_hidden_directories_are_empty_and_read_only(engine, sandbox):
         assert result.stdout.decode().splitlines()[0].startswith("touch:"), f"{path} is not empty inside"
 
 
+def test_shared_memory_is_private_writable_and_never_executable(engine, sandbox):
+    mounts = engine.exec(sandbox, "grep ' /dev/shm ' /proc/mounts").stdout.decode().split()
+    assert mounts[2] == "tmpfs", mounts  # the sandbox's scratch, bound: no filesystem of its own
+    options = set(mounts[3].split(","))
+    assert {"rw", "nosuid", "nodev", "noexec"} <= options, options
+    script = "echo kept > /dev/shm/a && cat /dev/shm/a && cp /bin/busybox /dev/shm/x && /dev/shm/x true; echo $?"
+    result = engine.exec(sandbox, script).stdout.decode().split()
+    assert result[0] == "kept" and result[-1] == "126", result  # 126: found, not executable
+    other = engine.create(template="base", size="tiny", ttl_s=60)["id"]
+    try:
+        assert engine.exec(other, "ls -A /dev/shm").stdout == b""
+    finally:
+        engine.destroy(other)
+
+
 def _spawn_directly(engine_process, count: int, prefix: str) -> socket.socket:
     """Pipeline ``count`` spawn requests straight to the spawner, as an engine
     with that many creates in flight would."""

@@ -224,24 +224,24 @@ static void run_step(const struct step *step) {
         close(fd);
         forget_within(step);
         return;
-    case OP_BIND_READ_ONLY: {
+    case OP_BIND_REMOUNT: {
         if ((fd = open_target(step)) < 0) return;
         fd_path(path, sizeof path, fd);
         /* A host directory (an empty one, as a mask), or the target itself. */
         const char *source = step->source ? step->source : path;
         if (mount(source, path, NULL, step->source ? MS_BIND : MS_BIND | MS_REC, NULL) < 0)
-            fail("build root filesystem: bind for read-only", shown(step), errno);
+            fail("build root filesystem: bind for a remount", shown(step), errno);
         close(fd);
         forget_within(step);
         /* The handle names the directory under the new bind; a remount must
          * name the bind itself (its root), so walk to the target again. */
         fd = open_beneath(open_within(step), step->target, O_PATH | O_NOFOLLOW, BENEATH);
-        if (fd < 0) fail("build root filesystem: reopen for read-only", shown(step), errno);
+        if (fd < 0) fail("build root filesystem: reopen for a remount", shown(step), errno);
         fd_path(path, sizeof path, fd);
         /* step->flags repeats nosuid, nodev, noexec: the kernel locks them on
          * mounts made in a user namespace and refuses a remount that drops them. */
         if (mount(NULL, path, NULL, step->flags, NULL) < 0)
-            fail("build root filesystem: remount read-only", shown(step), errno);
+            fail("build root filesystem: remount", shown(step), errno);
         close(fd);
         return;
     }

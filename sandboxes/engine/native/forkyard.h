@@ -26,7 +26,7 @@ enum {
 
 enum step_op {
     OP_MOUNT,          /* mount source (or fstype) on target */
-    OP_BIND_READ_ONLY, /* bind target onto itself, then remount it with flags */
+    OP_BIND_REMOUNT,   /* bind a host directory (or the target itself) onto the target, then remount it with flags */
     OP_MKDIR,          /* make the target directory if it is absent */
     OP_KEEP_LAYER,     /* keep an O_PATH handle on the target: init's fd 5 */
     OP_CHDIR,          /* change directory (overlay lowerdirs are relative) */

@@ -200,7 +200,7 @@ static int configure(struct cursor *cursor, const int *fds, int fd_count) {
 /* --- spawn ------------------------------------------------------------------------ */
 
 static const char *const OP_NAMES[] = {
-    [OP_MOUNT] = "mount",           [OP_BIND_READ_ONLY] = "bind-read-only",
+    [OP_MOUNT] = "mount",           [OP_BIND_REMOUNT] = "bind-remount",
     [OP_MKDIR] = "mkdir",           [OP_KEEP_LAYER] = "keep-layer",
     [OP_CHDIR] = "chdir",           [OP_ENTER_ROOT] = "enter-root",
     [OP_PIVOT] = "pivot",
@@ -260,7 +260,7 @@ static const char *parse_step(struct cursor *cursor, struct step *step, int *see
         if (!absolute) return "step target";
         *seen_root = 1;
         return NULL;
-    case OP_BIND_READ_ONLY:
+    case OP_BIND_REMOUNT:
         if (!relative) return "step target";
         if (source[0] && source[0] != '/') return "step source"; /* a host path, if any */
         break;

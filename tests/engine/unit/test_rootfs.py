@@ -36,6 +36,7 @@ def test_steps_run_in_the_documented_order():
         ("mount", "/state/mnt/scratch", "tmpfs"),
         ("mkdir", "/state/mnt/scratch/upper", ""),
         ("mkdir", "/state/mnt/scratch/work", ""),
+        ("mkdir", "/state/mnt/scratch/shm", ""),
         ("keep-layer", "/state/mnt/scratch/upper", ""),
         ("chdir", "/state/layers", ""),
         ("mount", "/state/mnt/root", "overlay"),
@@ -44,15 +45,15 @@ def test_steps_run_in_the_documented_order():
         ("mount", "/sys", "sysfs"),
         ("mount", "/dev", "/state/dev"),
         ("mount", "/dev/pts", "devpts"),
-        ("mount", "/dev/shm", "tmpfs"),
+        ("bind-remount", "/dev/shm", "/state/mnt/scratch/shm"),
         ("mount", "/dev/mqueue", "mqueue"),
         *[("mount", f"/proc/{name}", "/dev/null") for name in rootfs.MASKED_PROC_FILES],
-        *[("bind-read-only", f"/proc/{name}", "") for name in rootfs.READ_ONLY_PROC],
-        ("bind-read-only", "/proc/acpi", "/state/mnt/empty"),
-        ("bind-read-only", "/proc/scsi", "/state/mnt/empty"),
-        ("bind-read-only", "/proc/asound", "/state/mnt/empty"),
-        ("bind-read-only", "/proc/driver", "/state/mnt/empty"),
-        ("bind-read-only", "/sys/firmware", "/state/mnt/empty"),
+        *[("bind-remount", f"/proc/{name}", "") for name in rootfs.READ_ONLY_PROC],
+        ("bind-remount", "/proc/acpi", "/state/mnt/empty"),
+        ("bind-remount", "/proc/scsi", "/state/mnt/empty"),
+        ("bind-remount", "/proc/asound", "/state/mnt/empty"),
+        ("bind-remount", "/proc/driver", "/state/mnt/empty"),
+        ("bind-remount", "/sys/firmware", "/state/mnt/empty"),
         ("mkdir", "/tmp", ""),
         ("mkdir", "/root", ""),
         ("pivot", "/", ""),
@@ -84,7 +85,7 @@ def test_every_target_in_the_new_root_is_relative_and_needs_no_symlink():
 
 def test_proc_sys_and_dev_are_created_if_absent_and_masks_skipped():
     by_where = {_where(step): step for step in rootfs.plan(SPEC)}
-    for created in ("/proc", "/sys", "/dev", "/dev/pts", "/dev/shm", "/dev/mqueue"):
+    for created in ("/proc", "/sys", "/dev", "/dev/pts", "/dev/mqueue"):
         assert (by_where[created].missing, by_where[created].mode) == ("create", 0o755), created
     for name in rootfs.MASKED_PROC_FILES:
         assert by_where[f"/proc/{name}"].missing == "skip"
@@ -100,11 +101,12 @@ def test_proc_is_locked_down_and_sys_read_only():
         assert by_where[hidden].flags == MS_REMOUNT | MS_BIND | MS_RDONLY | rootfs.LOCKED
 
 
-def test_read_only_remounts_repeat_the_locked_flags():
-    remounts = [step for step in rootfs.plan(SPEC) if step.op == "bind-read-only"]
+def test_remounts_repeat_the_locked_flags():
+    remounts = [step for step in rootfs.plan(SPEC) if step.op == "bind-remount"]
     assert [step.target for step in remounts if not step.source] == list(rootfs.READ_ONLY_PROC)
     for step in remounts:
-        assert step.flags == MS_REMOUNT | MS_BIND | MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+        read_only = 0 if step.target == "shm" else MS_RDONLY
+        assert step.flags == MS_REMOUNT | MS_BIND | read_only | MS_NOSUID | MS_NODEV | MS_NOEXEC
 
 
 def test_tmp_and_root_are_created_with_safe_modes():
@@ -147,3 +149,14 @@ def test_replies_and_reports_decode_to_the_engine_error_shape():
     assert (report["step"], report["errno"], report["target"]) == ("build root filesystem: open mount target", 40, "/proc")
     with pytest.raises(ValueError):
         zygote.decode_reply(b"ok\x007")
+
+
+def test_shared_memory_is_a_directory_of_the_scratch_not_a_filesystem_of_its_own():
+    # Every superblock costs every memory cgroup on the host a shrinker slot.
+    by_where = {_where(step): step for step in rootfs.plan(SPEC)}
+    shm = by_where["/dev/shm"]
+    assert (shm.op, shm.source, shm.fstype) == ("bind-remount", "/state/mnt/scratch/shm", "")
+    assert shm.flags == MS_REMOUNT | MS_BIND | rootfs.LOCKED and not shm.flags & MS_RDONLY
+    assert by_where["/state/mnt/scratch/shm"].mode == 0o1777
+    filesystems = [step.fstype for step in rootfs.plan(SPEC) if step.op == "mount" and step.fstype]
+    assert filesystems == ["tmpfs", "overlay", "proc", "sysfs", "devpts", "mqueue"]
