@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine, summary, timed, write_report  # noqa: E402
-from tests.support.stack import Stack  # noqa: E402
+from tests.support.stack import PRODUCTION_TIMING, Stack  # noqa: E402
 
 GOALS = {"create_to_exec_p50_ms": 50.0, "exec_p50_ms": 20.0, "launch_1000_s": 5.0}
 
@@ -119,7 +119,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fy-apibench-", dir="/tmp"))
     os.chmod(work, 0o755)
     os.environ["FORKYARD_TEST_BACKEND"] = args.backend
-    stack = Stack(work / "stack", backend=args.backend)
+    stack = Stack(work / "stack", backend=args.backend, timing=PRODUCTION_TIMING)
     report: dict[str, Any] = {
         "machine": machine(),
         "backend": args.backend,

@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine  # noqa: E402
 from sandboxes.board_protocol import RUNNING, parse  # noqa: E402
-from tests.support.stack import Stack  # noqa: E402
+from tests.support.stack import PRODUCTION_TIMING, Stack  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -76,6 +76,7 @@ async def watch(stack: Stack, launch_id: str, count: int, cookie: str, timeout_s
             except TimeoutError:
                 continue
             received = time.time()
+            assert isinstance(data, bytes), "the board sends binary frames"
             frames.append((received, len(data)))
             message = parse(data)
             for section in message["sections"]:
@@ -146,6 +147,32 @@ def simulate(stack: Stack, count: int, rate: int, cookie: str, timeout_s: float)
     return {"launch_id": launch_id, "observed": observed, "started": started, "finished": time.time()}
 
 
+RECORDED = """
+import json
+from sandboxes.models import Sandbox
+rows = Sandbox.objects.filter(launch_id={launch_id!r}, state="running").values_list("launch_index", "updated_at")
+print(json.dumps({{index: at.timestamp() for index, at in rows}}))
+"""
+
+
+def recorded_at(stack: Stack, launch_id: str) -> dict[int, float]:
+    """When each running sandbox of the launch was written "running" (its row's
+    last update: nothing else writes a running row before the teardown)."""
+    output = stack.shell(RECORDED.format(launch_id=launch_id)).strip().splitlines()[-1]
+    return {int(index): at for index, at in json.loads(output).items()}
+
+
+def quantiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {}
+    ordered = sorted(max(0.0, value) for value in values)
+    return {
+        "p50": round(statistics.median(ordered) * 1000, 1),
+        "p95": round(ordered[int(0.95 * (len(ordered) - 1))] * 1000, 1),
+        "max": round(ordered[-1] * 1000, 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=4096)
@@ -156,7 +183,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fy-boardbench-", dir="/tmp"))
     os.chmod(work, 0o755)
     os.environ["FORKYARD_TEST_BACKEND"] = args.backend
-    stack = Stack(work / "stack", backend=args.backend)
+    stack = Stack(work / "stack", backend=args.backend, timing=PRODUCTION_TIMING)
     report: dict[str, Any] = {"machine": machine(), "backend": args.backend, "count": args.count}
     try:
         stack.start()
@@ -181,6 +208,7 @@ def main() -> int:
                 cursor = page["next_cursor"]
                 if not cursor:
                     break
+            written = recorded_at(stack, launch["id"])
             api.delete(f"/api/v1/launches/{launch['id']}")
         frames = observed["frames"]
         duration = max(0.001, finished - started)
@@ -210,6 +238,14 @@ def main() -> int:
                 "n": len(lags),
             }
         report["goal_lag_under_1s_met"] = bool(lags) and lags[int(0.95 * (len(lags) - 1))] < 1.0
+        # Where the lag is: from ready in the engine to "running" in the database
+        # (the worker's part), and from the database to the pixel (the board's).
+        report["lag_split_ms"] = {
+            "ready_to_recorded": quantiles([written[index] - ready[index] for index in ready if index in written]),
+            "recorded_to_pixel": quantiles(
+                [seen - written[index] for index, seen in observed["running"].items() if index in written]
+            ),
+        }
     finally:
         stack.stop()
         shutil.rmtree(work, ignore_errors=True)

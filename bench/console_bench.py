@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import machine, summary, write_report  # noqa: E402
-from tests.support.stack import Stack, Team  # noqa: E402
+from tests.support.stack import PRODUCTION_TIMING, Stack, Team  # noqa: E402
 
 LOADS = 20
 GOAL_P95_MS = 250.0
@@ -121,7 +121,7 @@ def main() -> int:
         return 2
     work = Path(tempfile.mkdtemp(prefix="fy-consolebench-", dir="/tmp"))
     os.chmod(work, 0o755)
-    stack = Stack(work / "stack", backend=args.backend)
+    stack = Stack(work / "stack", backend=args.backend, timing=PRODUCTION_TIMING)
     report: dict[str, Any] = {
         "machine": machine(),
         "backend": args.backend,

@@ -142,8 +142,11 @@ def _one_writer() -> Iterator[None]:
 def mark_running_many(started: list[tuple[Sandbox, dict[str, Any]]]) -> set[str]:
     """creating -> running for many at once (one transaction, a few queries),
     with their first billed seconds; the ids that moved (the others changed meanwhile)."""
-    now = timezone.now()
     with _one_writer(), transaction.atomic():
+        # Stamped once this writer's turn has come: the board reads rows by
+        # updated_at, and a stamp taken before a wait for the lock is older
+        # than the commit by that wait.
+        now = timezone.now()
         still_creating = set(
             Sandbox.objects.filter(pk__in=[sandbox.pk for sandbox, _ in started], state=Sandbox.State.CREATING).values_list(
                 "pk", flat=True

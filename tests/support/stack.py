@@ -33,6 +33,12 @@ POSTGRES_ADMIN_URL = os.environ.get("FORKYARD_TEST_POSTGRES", "postgres://postgr
 REDIS_TEST_URL = os.environ.get("FORKYARD_TEST_REDIS", "redis://127.0.0.1:6379/0")
 RABBITMQ_TEST_URL = os.environ.get("FORKYARD_TEST_RABBITMQ", "amqp://guest:guest@127.0.0.1:5672//")
 SERVER_BACKENDS = ("postgres", "rabbitmq")
+# The tests shorten the control plane's clocks so that a lost command or a dead
+# host shows within seconds; benchmarks run with the settings' own defaults
+# (what a deployment runs), since a reconciliation pass every second over
+# thousands of sandboxes is load a deployment does not have.
+TEST_TIMING = {"FORKYARD_RECONCILE_S": "1", "FORKYARD_HOST_STALE_S": "10", "FORKYARD_STUCK_AFTER_S": "4"}
+PRODUCTION_TIMING = {"FORKYARD_RECONCILE_S": "5", "FORKYARD_HOST_STALE_S": "30", "FORKYARD_STUCK_AFTER_S": "60"}
 # Every engine of a test deployment shares it (an engine on TCP asks for it first).
 ENGINE_TOKEN = "test-engine-token-" + uuid.uuid4().hex
 
@@ -70,6 +76,7 @@ class Stack:
     database: str | None = None
     teams: list[Team] = field(default_factory=list)
     extra_hosts: list[ExtraHost] = field(default_factory=list)
+    timing: dict[str, str] = field(default_factory=lambda: dict(TEST_TIMING))
 
     @property
     def url(self) -> str:
@@ -95,9 +102,7 @@ class Stack:
                 "FORKYARD_HOST_NAME": self.host_name,
                 "FORKYARD_CONTROL_QUEUE": f"control-{self.tag}",
                 "FORKYARD_REDIS_PREFIX": f"fytest-{self.tag}",
-                "FORKYARD_RECONCILE_S": "1",
-                "FORKYARD_HOST_STALE_S": "10",
-                "FORKYARD_STUCK_AFTER_S": "4",
+                **self.timing,
                 "FORKYARD_BROKER_POLL_S": "0.005",
                 "FORKYARD_REGION": "test-region-1",
                 "PYTHONPATH": str(PROJECT_ROOT),
