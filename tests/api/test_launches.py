@@ -8,27 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.stack import launch_members
+from tests.support.stack import wait_for_launch as wait_for
+
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-
-
-def wait_for(api, launch_id: str, states: set[str], timeout_s: float = 120) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        launch = api.get(f"/api/v1/launches/{launch_id}").json()
-        if launch["state"] in states:
-            return launch
-        time.sleep(0.2)
-    raise AssertionError(f"launch {launch_id} stuck: {launch}")
-
-
-def launch_members(api, launch_id: str) -> list[dict]:
-    members, cursor = [], None
-    while True:
-        page = api.get(f"/api/v1/launches/{launch_id}/sandboxes", params={"cursor": cursor} if cursor else {}).json()
-        members += page["sandboxes"]
-        cursor = page["next_cursor"]
-        if not cursor:
-            return members
 
 
 def _children(pid: int) -> list[int]:
