@@ -550,11 +550,8 @@ def main() -> int:
         "idle_memory_under_512KiB": ours["idle_memory_kib"] < GOALS["idle_memory_kib"],
     }
     print_table(report)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(report, indent=2)
-    (RESULTS / "engine-latest.json").write_text(text)
-    (RESULTS / f"engine-{report['started_at'].replace(':', '')}.json").write_text(text)
-    print(f"\nwrote {RESULTS / 'engine-latest.json'}")
+    write_report("engine-latest.json", report)
+    write_report(f"engine-{report['started_at'].replace(':', '')}.json", report)
     return 0
 
 

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
-import json
 import os
 import shutil
 import subprocess
@@ -38,10 +37,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_bench import PODMAN, PODMAN_OPTIONS, ensure_peers, machine, rootfs_tar, summary, timed  # noqa: E402
+from bench.engine_bench import (  # noqa: E402
+    PODMAN,
+    PODMAN_OPTIONS,
+    ensure_peers,
+    machine,
+    rootfs_tar,
+    summary,
+    timed,
+    write_report,
+)
 from tests.support.engine import EngineProcess  # noqa: E402
 
-RESULTS = ROOT / "bench" / "results"
 GOAL_FORK_1000_S = 3.0
 SETUP = (
     "mkdir -p /srv/app /opt/deps && cd /srv/app"
@@ -58,7 +65,7 @@ def fork_and_exec(engine: EngineProcess, template: str, count: int) -> tuple[flo
 
     def one(_: int) -> str:
         with engine.client() as client:
-            sandbox = client.create(template=template, size="tiny", ttl_s=3600)["id"]
+            sandbox: str = client.create(template=template, size="tiny", ttl_s=3600)["id"]
             if client.exec(sandbox, "true").exit_code != 0:
                 raise RuntimeError("a fork could not run true")
             return sandbox
@@ -292,10 +299,7 @@ def main() -> int:
         "fork_1000_pool": ours["fork_1000_pool_s"] <= GOAL_FORK_1000_S,
     }
     print_table(report)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    name = "snapshot-quick-latest.json" if args.quick else "snapshot-latest.json"
-    (RESULTS / name).write_text(json.dumps(report, indent=2))
-    print(f"\nwrote {RESULTS / name}")
+    write_report("snapshot-quick-latest.json" if args.quick else "snapshot-latest.json", report)
     return 0
 
 
