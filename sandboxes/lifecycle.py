@@ -44,6 +44,13 @@ BATCH = 64  # sandboxes recorded running per transaction, at most
 BATCH_WAIT_S = 0.1
 
 
+def _chunks(ids: list[str], size: int = 500) -> Iterator[list[str]]:
+    """Ids a few hundred at a time, for IN lists: a whole launch may move at once,
+    and SQLite takes at most 32,766 parameters in a statement."""
+    for start in range(0, len(ids), size):
+        yield ids[start : start + size]
+
+
 def _stuck_before() -> datetime:
     return timezone.now() - timedelta(seconds=settings.FORKYARD_STUCK_AFTER_S)
 
@@ -360,12 +367,9 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
         batch_opened = 0.0
         while pending:
             if time.monotonic() - last_beat >= heartbeat_s:
-                waiting = [row.pk for row in pending.values()]
                 with _one_writer():
-                    for start in range(0, len(waiting), 500):
-                        Sandbox.objects.filter(pk__in=waiting[start : start + 500], state=Sandbox.State.CREATING).update(
-                            updated_at=timezone.now()
-                        )
+                    for waiting in _chunks([row.pk for row in pending.values()]):
+                        Sandbox.objects.filter(pk__in=waiting, state=Sandbox.State.CREATING).update(updated_at=timezone.now())
                 last_beat = time.monotonic()
             left = BATCH_WAIT_S - (time.monotonic() - batch_opened) if batch else heartbeat_s
             done, _ = wait(pending, timeout=max(0.0, left), return_when=FIRST_COMPLETED)
@@ -495,25 +499,15 @@ def reconcile(host: Host) -> dict[str, int]:
     counts = {"ended": 0, "adopted": 0, "orphans_destroyed": 0, "requeued": 0, "billing_fixed": 0}
     # Read ids, not rows: a pass runs every few seconds over every live sandbox of
     # the host; only those whose engine sandbox is gone are loaded whole.
-    recorded = dict(
-        Sandbox.objects.filter(host=host, state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED, Sandbox.State.STOPPING])
-        .exclude(engine_id="")
-        .values_list("engine_id", "pk")
-    )
-    known = set(recorded)
-    gone = [
-        recorded[engine_id]
-        for engine_id in known
-        if live.get(engine_id, {}).get("state", "destroyed") in ("stopped", "destroyed")
-    ]
-    # In chunks: a whole launch may end at once, and SQLite takes at most 32,766 parameters.
-    for sandbox in (
-        row
-        for start in range(0, len(gone), 500)
-        for row in Sandbox.objects.filter(
-            pk__in=gone[start : start + 500], state__in=[Sandbox.State.RUNNING, Sandbox.State.PAUSED, Sandbox.State.STOPPING]
-        )
-    ):
+    started = [Sandbox.State.RUNNING, Sandbox.State.PAUSED, Sandbox.State.STOPPING]
+    claimed: set[str] = set()  # engine ids that a live row names
+    gone: list[str] = []  # rows of started sandboxes that their engine no longer runs
+    rows = Sandbox.objects.filter(host=host, state__in=Sandbox.LIVE).exclude(engine_id="")
+    for engine_id, pk, state in rows.values_list("engine_id", "pk", "state"):
+        claimed.add(engine_id)
+        if state in started and live.get(engine_id, {}).get("state", "destroyed") in ("stopped", "destroyed"):
+            gone.append(pk)
+    for sandbox in (row for ids in _chunks(gone) for row in Sandbox.objects.filter(pk__in=ids, state__in=started)):
         try:
             record = client.get(sandbox.engine_id)
         except engine_errors.EngineError:
@@ -528,16 +522,13 @@ def reconcile(host: Host) -> dict[str, int]:
             client.destroy(sandbox.engine_id)
         counts["ended"] += 1
     # The other direction: sandboxes the engine runs that no live row claims.
-    wanted = set(
-        Sandbox.objects.filter(host=host, state__in=Sandbox.LIVE).exclude(engine_id="").values_list("engine_id", flat=True)
-    )
-    unclaimed = {engine_id: record for engine_id, record in live.items() if engine_id not in wanted and engine_id not in known}
+    unclaimed = {engine_id: record for engine_id, record in live.items() if engine_id not in claimed}
     # Mid-launch most of them are creates whose worker has not written yet: their
     # rows are read in one query, not one each.
     keys = [record["key"] for record in unclaimed.values() if record.get("state") != "creating" and record.get("key")]
     rows_by_key: dict[str, Sandbox] = {}
-    for start in range(0, len(keys), 500):
-        rows_by_key.update(Sandbox.objects.filter(host=host).in_bulk(keys[start : start + 500]))
+    for some in _chunks(keys):
+        rows_by_key.update(Sandbox.objects.filter(host=host).in_bulk(some))
     for engine_id, record in unclaimed.items():
         outcome = _claim_by_key(engine_id, record, rows_by_key.get(record.get("key") or ""))
         if outcome == "orphan":

@@ -125,15 +125,12 @@ def hosts_for(*, team: Team, template: str, snapshot: Snapshot | None = None) ->
     the hosts holding it come first.
     """
     hosts = live_hosts()
-    holding = set(Template.objects.filter(Q(team__isnull=True) | Q(team=team), name=template).values_list("hosts", flat=True)) - {
-        None
-    }
-    if holding and snapshot is None:
-        hosts = [host for host in hosts if host.pk in holding]
-    if snapshot is None:
-        return [hosts]
-    with_snapshot = set(snapshot.hosts.values_list("pk", flat=True))
-    return [[host for host in hosts if host.pk in with_snapshot], [host for host in hosts if host.pk not in with_snapshot]]
+    if snapshot is not None:
+        with_snapshot = set(snapshot.hosts.values_list("pk", flat=True))
+        return [[host for host in hosts if host.pk in with_snapshot], [host for host in hosts if host.pk not in with_snapshot]]
+    templates = Template.objects.filter(Q(team__isnull=True) | Q(team=team), name=template)
+    holding = set(templates.exclude(hosts=None).values_list("hosts", flat=True))
+    return [[host for host in hosts if host.pk in holding] if holding else hosts]
 
 
 def choose_host(*, tiers: list[list[Host]], count: int = 1) -> Host:
