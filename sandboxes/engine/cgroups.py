@@ -4,6 +4,14 @@ A sandbox gets one cgroup (``fy-<id>``) under the engine's parent, with CPU,
 memory and pid limits; it is also how the engine freezes a sandbox, counts its
 OOM kills and finds stray processes during recovery.
 
+Each exec's command runs in a cgroup of its own below it (``fy-<id>/x-<n>``,
+in the pids hierarchy on v1; no controllers of its own, so every limit and
+count stays the sandbox's): nothing in a sandbox can leave its cgroup, so
+that cgroup is every process the command started, even one that left its
+session with ``setsid`` and was reparented to init.  Ending a command whose
+caller went away kills that cgroup; one that ends normally leaves it to what
+it started (a service), and it is removed once empty.
+
 * v2 (most hosts): one hierarchy; limits in ``cpu.max``, ``memory.max``,
   ``pids.max``; ``cgroup.freeze`` and ``cgroup.kill`` are built in.
 * v1 / hybrid (this project's development machines): one hierarchy per
@@ -28,6 +36,13 @@ from .errors import EngineError
 
 CPU_PERIOD_US = 100_000
 PREFIX = "fy-"
+GROUP_PREFIX = "mg-"  # a memory group: sandboxes of one launch sharing one memory cgroup (see ``Cgroups``)
+
+
+def split_name(name: str) -> tuple[str, str]:
+    """A sandbox's cgroup name as (its memory group, "" for none; its own name): ``mg-<g>/fy-<id>`` or ``fy-<id>``."""
+    group, _, own = name.rpartition("/")
+    return group, own
 
 
 class CgroupError(EngineError):
@@ -47,6 +62,9 @@ class Stats:
     cpu_usage_us: int
     oom_kills: int
     pids: int
+    # The most memory it has held (v2 ``memory.peak``, Linux 5.19 or later; v1
+    # ``memory.max_usage_in_bytes``); 0 where the kernel keeps none.
+    memory_peak_bytes: int = 0
 
 
 def _write(path: Path, value: str) -> None:
@@ -62,9 +80,17 @@ def _write(path: Path, value: str) -> None:
         raise CgroupError(f"cannot write {value!r} to {path}: {error.strerror}", path=str(path), step="write") from error
 
 
-def _read(path: Path) -> str:
-    with open(path) as handle:
-        return handle.read()
+def _read(path: Path | str) -> str:
+    # Raw system calls: open() with its buffered text layers cost more than
+    # the kernel's read, and the engine reads a cgroup file or two per exec.
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        chunks = []
+        while chunk := os.read(fd, 65536):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return b"".join(chunks).decode()
 
 
 def _read_int(path: Path, default: int = 0) -> int:
@@ -99,8 +125,18 @@ def _own_cgroups(proc_dir: Path) -> dict[str, str]:
     return own
 
 
+def _children(path: Path) -> list[Path]:
+    try:
+        return [Path(entry.path) for entry in os.scandir(path) if entry.is_dir(follow_symlinks=False)]
+    except (FileNotFoundError, NotADirectoryError):
+        return []
+
+
 def _remove_directory(path: Path, timeout_s: float = 2.0) -> bool:
-    """rmdir a cgroup; the kernel answers EBUSY until its last task is gone."""
+    """rmdir a cgroup and the ones below it (exec cgroups); the kernel answers
+    EBUSY until its last task is gone."""
+    for child in _children(path):
+        _remove_directory(child, timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -123,6 +159,21 @@ def _kill_pids(pids: list[int]) -> None:
 
 
 class Cgroups(ABC):
+    """A sandbox's cgroup, named ``fy-<id>``; or ``mg-<group>/fy-<id>`` for one in a memory group.
+
+    A memory group is the opt-in answer to the memory cgroup's cost at scale
+    (every memory cgroup holds a slot for every superblock on the host, so a
+    cgroup per sandbox makes kernel memory grow with the square of their
+    number; memory cgroup ids also run out at 65,535): the group's sandboxes
+    share one memory cgroup, with the group's limit, and each keeps its own CPU
+    and pid limits, freezer and exec cgroups below it. The trade: inside the
+    group one sandbox's memory can crowd out another's (and the OOM killer
+    picks within the group); the group cannot pass its own limit, nor touch
+    another group's. On v2 the group is the sandbox cgroup's parent, with the
+    memory controller on and not handed down; on v1 it is a directory of the
+    memory hierarchy that its sandboxes' processes join, their other
+    controllers' directories their own."""
+
     version: int
 
     def __init__(self, config: EngineConfig) -> None:
@@ -146,11 +197,53 @@ class Cgroups(ABC):
     def stats(self, name: str) -> Stats: ...
 
     @abstractmethod
+    def oom_kills(self, name: str) -> int:
+        """How many processes the kernel's OOM killer has killed in the cgroup
+        (one small file, where :meth:`stats` reads several)."""
+
+    @abstractmethod
     def names(self) -> list[str]:
         """The cgroups that exist under our parent."""
 
-    def create(self, name: str, limits: Limits) -> list[str]:
-        """Make the cgroup and its limits; return the files a pid is written to."""
+    @abstractmethod
+    def ensure_group(self, group: str, memory_bytes: int) -> None:
+        """Make memory group ``group`` (if it is not there yet) with this memory limit."""
+
+    @abstractmethod
+    def group_directory(self, group: str) -> Path:
+        """Where memory group ``group``'s memory cgroup is."""
+
+    def own_directories(self, name: str) -> list[Path]:
+        """The directories that are the sandbox's alone (not its memory group's)."""
+        return self.directories(name)
+
+    def remove_empty_group(self, group: str) -> bool:
+        """Remove a memory group with no sandbox left in it (never waits: a member still there keeps it)."""
+        if not group:
+            return False
+        try:
+            os.rmdir(self.group_directory(group))
+            return True
+        except OSError:
+            return False  # gone already, or a member left
+
+    def groups(self) -> list[str]:
+        """The memory groups under our parent."""
+        try:
+            return sorted(
+                entry.name
+                for entry in self.group_directory("x").parent.iterdir()
+                if entry.is_dir() and entry.name.startswith(GROUP_PREFIX)
+            )
+        except FileNotFoundError:
+            return []
+
+    def create(self, name: str, limits: Limits, group_memory_bytes: int = 0) -> list[str]:
+        """Make the cgroup and its limits (and its memory group's, with ``group_memory_bytes``); return the
+        files a pid is written to."""
+        group, _ = split_name(name)
+        if group:
+            self.ensure_group(group, group_memory_bytes)
         directories = self.directories(name)
         for directory in directories:
             try:
@@ -165,16 +258,78 @@ class Cgroups(ABC):
         return [f"{directory}/cgroup.procs" for directory in directories]
 
     def exists(self, name: str) -> bool:
-        return any(directory.is_dir() for directory in self.directories(name))
+        return any(directory.is_dir() for directory in self.own_directories(name))
 
     def pids(self, name: str) -> list[int]:
+        """Every process in the cgroup, its exec cgroups included (never its memory group mates)."""
         found: set[int] = set()
-        for directory in self.directories(name):
-            try:
-                found.update(int(line) for line in _read(directory / "cgroup.procs").split())
-            except OSError:
-                continue
+        for directory in self.own_directories(name):
+            for place in (directory, *_children(directory)):
+                try:
+                    found.update(int(line) for line in _read(place / "cgroup.procs").split())
+                except OSError:
+                    continue
         return sorted(found)
+
+    # --- a cgroup per exec -------------------------------------------------------
+
+    @abstractmethod
+    def exec_directory(self, name: str, command: str) -> Path:
+        """Where the exec cgroup ``command`` of sandbox cgroup ``name`` lives."""
+
+    def create_exec(self, name: str, command: str) -> Path:
+        """Make an exec cgroup; returns its ``cgroup.procs`` (the command writes itself there)."""
+        directory = self.exec_directory(name, command)
+        try:
+            directory.mkdir()
+        except FileExistsError:
+            raise  # the caller picks another name
+        except OSError as error:
+            raise CgroupError(f"cannot create cgroup {directory}: {error.strerror}", path=str(directory), step="mkdir") from error
+        return directory / "cgroup.procs"
+
+    def exec_pids(self, name: str, command: str) -> list[int]:
+        """The host pids in an exec cgroup (a background process finds its own there: processes.py)."""
+        try:
+            return [int(line) for line in _read(self.exec_directory(name, command) / "cgroup.procs").split()]
+        except OSError:
+            return []
+
+    def exec_empty(self, name: str, command: str) -> bool:
+        """Does the exec cgroup exist and hold no process?  (One read: the engine
+        checks this before it gives a kept exec cgroup to another command.)"""
+        try:
+            return not _read(f"{self.exec_directory(name, command)}/cgroup.procs").strip()
+        except OSError:
+            return False
+
+    def kill_exec(self, name: str, command: str, timeout_s: float = 2.0) -> int:
+        """Kill every process in an exec cgroup (none can leave it); how many."""
+        procs = self.exec_directory(name, command) / "cgroup.procs"
+        killed: set[int] = set()
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                pids = [int(line) for line in _read(procs).split()]
+            except OSError:
+                break
+            if not pids:
+                break
+            # A process forked between the read and the kill is caught by the next round.
+            _kill_pids(pids)
+            killed.update(pids)
+            time.sleep(0.001)
+        return len(killed)
+
+    def remove_exec(self, name: str, command: str) -> bool:
+        """Remove an exec cgroup if nothing runs in it any more."""
+        try:
+            os.rmdir(self.exec_directory(name, command))
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError:
+            return False  # EBUSY: something it started still runs
 
     def kill_all(self, name: str) -> int:
         """Kill every process in the cgroup, even ones forking while we look."""
@@ -199,7 +354,7 @@ class Cgroups(ABC):
             return False
         self.kill_all(name)
         removed = False
-        for directory in self.directories(name):
+        for directory in self.own_directories(name):
             removed = _remove_directory(directory) or removed
         return removed
 
@@ -256,11 +411,42 @@ class CgroupsV2(Cgroups):
     def directories(self, name: str) -> list[Path]:
         return [self.parent / name]
 
+    def group_directory(self, group: str) -> Path:
+        return self.parent / group
+
+    def ensure_group(self, group: str, memory_bytes: int) -> None:
+        directory = self.parent / group
+        directory.mkdir(exist_ok=True)
+        if "memory" in self.available:
+            _write(directory / "memory.max", str(memory_bytes))
+            if (directory / "memory.swap.max").exists():
+                _write(directory / "memory.swap.max", "0")
+        # Its sandboxes get CPU and pid limits of their own, and no memory cgroup: the group's is theirs.
+        enabled = set(_read(directory / "cgroup.subtree_control").split())
+        wanted = (self.available - {"memory"}) - enabled
+        if wanted:
+            _write(directory / "cgroup.subtree_control", " ".join(f"+{controller}" for controller in sorted(wanted)))
+
+    def _memory_directory(self, name: str) -> Path:
+        group, _ = split_name(name)
+        return self.parent / (group or name)
+
+    def exec_directory(self, name: str, command: str) -> Path:
+        return self.parent / name / command
+
+    def kill_exec(self, name: str, command: str, timeout_s: float = 2.0) -> int:
+        kill = self.exec_directory(name, command) / "cgroup.kill"
+        if kill.exists():
+            count = len(_read(kill.with_name("cgroup.procs")).split())
+            _write(kill, "1")
+            return count
+        return super().kill_exec(name, command, timeout_s)
+
     def apply_limits(self, name: str, limits: Limits) -> None:
         directory = self.parent / name
         if "cpu" in self.available:
             _write(directory / "cpu.max", f"{int(limits.cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}")
-        if "memory" in self.available:
+        if "memory" in self.available and not split_name(name)[0]:  # a group's member has the group's
             _write(directory / "memory.max", str(limits.memory_bytes))
             if (directory / "memory.swap.max").exists():
                 _write(directory / "memory.swap.max", "0")
@@ -288,19 +474,32 @@ class CgroupsV2(Cgroups):
         return super().kill_all(name)
 
     def stats(self, name: str) -> Stats:
-        directory = self.parent / name
+        directory, memory = self.parent / name, self._memory_directory(name)
         return Stats(
-            memory_bytes=_read_int(directory / "memory.current"),
+            memory_bytes=_read_int(memory / "memory.current"),
             cpu_usage_us=_keyed(directory / "cpu.stat").get("usage_usec", 0),
-            oom_kills=_keyed(directory / "memory.events").get("oom_kill", 0),
+            oom_kills=self.oom_kills(name),
             pids=len(self.pids(name)),
+            memory_peak_bytes=_read_int(memory / "memory.peak"),
         )
 
+    def oom_kills(self, name: str) -> int:
+        return _keyed(self._memory_directory(name) / "memory.events").get("oom_kill", 0)
+
     def names(self) -> list[str]:
+        """Every sandbox cgroup under our parent: ``fy-<id>``, and ``mg-<group>/fy-<id>`` in memory groups."""
+        found: list[str] = []
         try:
-            return sorted(entry.name for entry in self.parent.iterdir() if entry.is_dir() and entry.name.startswith(PREFIX))
+            for entry in self.parent.iterdir():
+                if not entry.is_dir():
+                    continue
+                if entry.name.startswith(PREFIX):
+                    found.append(entry.name)
+                elif entry.name.startswith(GROUP_PREFIX):
+                    found.extend(f"{entry.name}/{member.name}" for member in _children(entry) if member.name.startswith(PREFIX))
         except FileNotFoundError:
             return []
+        return sorted(found)
 
 
 class CgroupsV1(Cgroups):
@@ -334,21 +533,47 @@ class CgroupsV1(Cgroups):
             parent.mkdir(parents=True, exist_ok=True)
 
     def directories(self, name: str) -> list[Path]:
-        return [parent / name for parent in self.parents.values()]
+        group, own = split_name(name)
+        return [parent / (group if group and controller == "memory" else own) for controller, parent in self.parents.items()]
+
+    def own_directories(self, name: str) -> list[Path]:
+        group, own = split_name(name)
+        return [parent / own for controller, parent in self.parents.items() if not (group and controller == "memory")]
+
+    def group_directory(self, group: str) -> Path:
+        return self.parents["memory"] / group
+
+    def ensure_group(self, group: str, memory_bytes: int) -> None:
+        directory = self.parents["memory"] / group
+        directory.mkdir(exist_ok=True)
+        _write(directory / "memory.limit_in_bytes", str(memory_bytes))
+        if (directory / "memory.memsw.limit_in_bytes").exists():
+            _write(directory / "memory.memsw.limit_in_bytes", str(memory_bytes))
+
+    def _memory_directory(self, name: str) -> Path:
+        group, own = split_name(name)
+        return self.parents["memory"] / (group or own)
+
+    def exec_directory(self, name: str, command: str) -> Path:
+        # One hierarchy is enough to know a command's processes: pids (its
+        # count is hierarchical, so the sandbox's limit still holds).
+        return self.parents["pids"] / split_name(name)[1] / command
 
     def apply_limits(self, name: str, limits: Limits) -> None:
+        group, own = split_name(name)
         if "cpu" in self.parents:
-            directory = self.parents["cpu"] / name
+            directory = self.parents["cpu"] / own
             _write(directory / "cpu.cfs_period_us", str(CPU_PERIOD_US))
             _write(directory / "cpu.cfs_quota_us", str(int(limits.cpu * CPU_PERIOD_US)))
-        memory = self.parents["memory"] / name
-        _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
-        if (memory / "memory.memsw.limit_in_bytes").exists():
-            _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
-        _write(self.parents["pids"] / name / "pids.max", str(limits.pids))
+        if not group:  # a group's member has the group's
+            memory = self.parents["memory"] / own
+            _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
+            if (memory / "memory.memsw.limit_in_bytes").exists():
+                _write(memory / "memory.memsw.limit_in_bytes", str(limits.memory_bytes))
+        _write(self.parents["pids"] / own / "pids.max", str(limits.pids))
 
     def freeze(self, name: str, frozen: bool) -> None:
-        state = self.parents["freezer"] / name / "freezer.state"
+        state = self.parents["freezer"] / split_name(name)[1] / "freezer.state"
         wanted = "FROZEN" if frozen else "THAWED"
         _write(state, wanted)
         deadline = time.monotonic() + 2.0
@@ -361,16 +586,23 @@ class CgroupsV1(Cgroups):
             time.sleep(0.001)
 
     def stats(self, name: str) -> Stats:
-        memory = self.parents["memory"] / name
-        cpu_ns = _read_int(self.parents["cpuacct"] / name / "cpuacct.usage") if "cpuacct" in self.parents else 0
+        memory = self._memory_directory(name)
+        own = split_name(name)[1]
+        cpu_ns = _read_int(self.parents["cpuacct"] / own / "cpuacct.usage") if "cpuacct" in self.parents else 0
         return Stats(
             memory_bytes=_read_int(memory / "memory.usage_in_bytes"),
             cpu_usage_us=cpu_ns // 1000,
-            oom_kills=_keyed(memory / "memory.oom_control").get("oom_kill", 0),
+            oom_kills=self.oom_kills(name),
             pids=len(self.pids(name)),
+            memory_peak_bytes=_read_int(memory / "memory.max_usage_in_bytes"),
         )
 
+    def oom_kills(self, name: str) -> int:
+        return _keyed(self._memory_directory(name) / "memory.oom_control").get("oom_kill", 0)
+
     def names(self) -> list[str]:
+        """Every sandbox cgroup under our parent, by its own name (``fy-<id>``): on v1 the memory group a
+        sandbox is in lives only in the memory hierarchy (compare names with ``split_name(...)[1]``)."""
         found: set[str] = set()
         for parent in self.parents.values():
             try:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import Unavailable, from_dict
-from .protocol import CHUNK, DATA, END, JSON, decode_json, encode, encode_json, read_frame, read_frame_sync
+from .protocol import CHUNK, DATA, END, JSON, STREAM_OF_TAG, decode_json, encode, encode_json, read_frame, read_frame_sync
 
 DEFAULT_SOCKET = Path(os.environ.get("FORKYARD_ENGINE_SOCKET", "/run/forkyard/engine.sock"))
 
@@ -78,6 +78,33 @@ class ExecOutput:
 
 
 _NOT_YET = object()
+
+
+class _OutputFrames:
+    """A plain exec's output, as the engine sends it: data frames before the
+    answer (protocol.OUTPUT_TAGS), put back together here."""
+
+    def __init__(self) -> None:
+        self.parts: dict[str, list[bytes]] = {"stdout": [], "stderr": []}
+
+    def add(self, payload: bytes) -> None:
+        stream = STREAM_OF_TAG.get(payload[0]) if payload else None
+        if stream is not None:
+            self.parts[stream].append(payload[1:])
+
+    def output(self, stream: str) -> bytes:
+        return b"".join(self.parts[stream])
+
+    def into(self, result: Any) -> Any:
+        """The answer as ``call("exec")`` always gave it: with ``stdout_b64`` and ``stderr_b64``."""
+        if isinstance(result, dict) and "stdout_b64" not in result:
+            result["stdout_b64"] = base64.b64encode(self.output("stdout")).decode()
+            result["stderr_b64"] = base64.b64encode(self.output("stderr")).decode()
+        return result
+
+
+def _plain_exec(op: str, args: dict[str, Any]) -> bool:
+    return op == "exec" and not args.get("stream")
 
 
 def _interpret(kind: bytes, payload: bytes, on_event: Callable[[dict[str, Any]], None] | None) -> Any:
@@ -181,11 +208,17 @@ class EngineClient:
         args: dict[str, Any] | None = None,
         body: bytes | Iterable[bytes] | None = None,
         on_event: Callable[[dict[str, Any]], None] | None = None,
+        on_data: Callable[[bytes], None] | None = None,
     ) -> tuple[dict[str, Any], Iterator[bytes] | None]:
-        """Send a request; return the result and, for streams, its chunks."""
+        """Send a request; return the result and, for streams, its chunks.
+        ``on_data`` takes the data frames that come before the result (a
+        plain exec's output)."""
         connection = self._send(op, args or {}, body)
         frames = self._frames(connection)
         for kind, payload in frames:
+            if kind == DATA and on_data is not None:
+                on_data(payload)
+                continue
             result = _interpret(kind, payload, on_event)
             if result is _NOT_YET:
                 continue
@@ -213,6 +246,10 @@ class EngineClient:
                 return
 
     def call(self, op: str, body: bytes | Iterable[bytes] | None = None, **args: Any) -> Any:
+        if _plain_exec(op, args):
+            output = _OutputFrames()
+            result, _ = self.stream(op, args, body, on_data=output.add)
+            return output.into(result)
         result, chunks = self.stream(op, args, body)
         if chunks is not None:
             return b"".join(chunks)
@@ -238,10 +275,18 @@ class EngineClient:
     def destroy(self, sandbox_id: str) -> dict[str, Any]:
         return dict(self.call("destroy", id=sandbox_id))
 
+    def destroy_many(self, sandbox_ids: builtins.list[str]) -> builtins.list[dict[str, Any]]:
+        """For each id, in order, its record once destroyed, or ``{"id", "error"}``."""
+        return list(self.call("destroy_many", ids=sandbox_ids)["sandboxes"])
+
     def exec(self, sandbox_id: str, cmd: str | builtins.list[str], **options: Any) -> ExecOutput:
         if isinstance(options.get("stdin"), bytes):
             options["stdin_b64"] = base64.b64encode(options.pop("stdin")).decode()
-        return ExecOutput.from_result(self.call("exec", id=sandbox_id, cmd=cmd, **options))
+        output = _OutputFrames()
+        result, _ = self.stream("exec", {"id": sandbox_id, "cmd": cmd, **options}, on_data=output.add)
+        if "stdout_b64" in result:  # an engine from before output came as frames
+            return ExecOutput.from_result(result)
+        return ExecOutput.from_result(result, output.output("stdout"), output.output("stderr"))
 
     def exec_stream(
         self, sandbox_id: str, cmd: str | builtins.list[str], on_output: Callable[[str, bytes], None], **options: Any
@@ -282,10 +327,12 @@ class EngineClient:
         kind: str = "auto",
         replace: bool = False,
         on_progress: Callable[[dict[str, Any]], None] | None = None,
+        user: str | None = None,
     ) -> dict[str, Any]:
-        result, _ = self.stream(
-            "templates.import", {"name": name, "source": source, "kind": kind, "replace": replace}, on_event=on_progress
-        )
+        args: dict[str, Any] = {"name": name, "source": source, "kind": kind, "replace": replace}
+        if user is not None:
+            args["user"] = user
+        result, _ = self.stream("templates.import", args, on_event=on_progress)
         return dict(result)
 
 
@@ -331,6 +378,7 @@ class AsyncEngineClient:
     async def call(
         self, op: str, body: bytes | None = None, on_event: Callable[[dict[str, Any]], None] | None = None, **args: Any
     ) -> Any:
+        output = _OutputFrames() if _plain_exec(op, args) else None
         async with self._lock:
             reader, writer = await self._connect()
             try:
@@ -341,12 +389,16 @@ class AsyncEngineClient:
                     writer.write(encode(END))
                 await writer.drain()
                 while True:
-                    result = _interpret(*await read_frame(reader), on_event)
+                    kind, payload = await read_frame(reader)
+                    if kind == DATA and output is not None:
+                        output.add(payload)
+                        continue
+                    result = _interpret(kind, payload, on_event)
                     if result is _NOT_YET:
                         continue
                     if _is_stream(result):
                         return await self._collect(reader)
-                    return result
+                    return output.into(result) if output is not None else result
             except (OSError, asyncio.IncompleteReadError) as error:
                 await self.close()
                 raise Unavailable(f"lost the engine connection: {error}") from error
@@ -374,6 +426,9 @@ class AsyncEngineClient:
 
     async def destroy(self, sandbox_id: str) -> dict[str, Any]:
         return dict(await self.call("destroy", id=sandbox_id))
+
+    async def destroy_many(self, sandbox_ids: builtins.list[str]) -> builtins.list[dict[str, Any]]:
+        return list((await self.call("destroy_many", ids=sandbox_ids))["sandboxes"])
 
     async def exec(self, sandbox_id: str, cmd: str | builtins.list[str], **options: Any) -> ExecOutput:
         if isinstance(options.get("stdin"), bytes):

@@ -11,30 +11,9 @@ import os
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
+from .sizes import DEFAULT_SIZES, MEBIBYTE, Size
+
 PACKAGE_DIR = Path(__file__).resolve().parent
-MEBIBYTE = 1024 * 1024
-
-
-@dataclass(frozen=True)
-class Size:
-    """What a sandbox may use.  Sizes are data: operators can add their own."""
-
-    cpu: float
-    memory_mib: int
-    pids: int = 1024
-    # The writable layer is memory-backed (see ARCHITECTURE.md); by default it
-    # may grow as large as the memory limit, which bounds it anyway.
-    disk_mib: int = 0
-
-    @property
-    def disk_bytes(self) -> int:
-        return (self.disk_mib or self.memory_mib) * MEBIBYTE
-
-
-DEFAULT_SIZES: dict[str, Size] = {
-    "tiny": Size(cpu=1, memory_mib=128, pids=256),
-    "default": Size(cpu=2, memory_mib=4096, pids=4096),
-}
 
 
 @dataclass(frozen=True)
@@ -47,11 +26,24 @@ class EngineConfig:
     # own cgroup (in each hierarchy), so the engine never reaches outside
     # what it was given; an absolute path is taken as is.
     cgroup_parent: str = "forkyard"
-    # Root inside every sandbox is this unprivileged uid (and gid) outside.
+    # Each sandbox has a range of uid_count host uids (and gids) of its own:
+    # root inside is uid_base + n * uid_count outside (n >= 1; uid_ranges.py).
+    # Range 0, from uid_base, owns the template and snapshot layers on disk.
     uid_base: int = 1_000_000_000
     uid_count: int = 65536
+    # How many sandbox ranges (0: as many as fit below 2^32), and how long a
+    # range rests, once nothing of its sandbox is left, before it is reused.
+    uid_ranges: int = 0
+    uid_cooldown_s: int = 60
     init_binary: Path = PACKAGE_DIR / "native" / "build" / "forkyard-init"
     max_sandboxes: int = 40000
+    # At start, raise the host's kernel limits that max_sandboxes sandboxes need
+    # (preflight.py: never lowering one); 0: only report what to set.
+    raise_limits: int = 1
+    # The kernel's memory per idle sandbox (KiB) that no memory limit charges,
+    # until the engine has measured its own (preflight.OverheadMeter); the
+    # control plane's admission counts it (info's sandbox_overhead_kib).
+    sandbox_overhead_kib: int = 600
     default_ttl_s: int = 3600
     max_ttl_s: int = 7 * 24 * 3600
     max_output_bytes: int = 1 * MEBIBYTE
@@ -67,7 +59,38 @@ class EngineConfig:
     # a private network (or a WireGuard interface).  Empty: the Unix socket only.
     listen: str = ""
     token: str = ""
+    # The data path's gateway (gateway.py): HTTP for exec and files, straight to
+    # this host, for callers holding a data token the control plane minted.
+    # "host:port" (port 0: a free one, as on one machine); "" for none.
+    # ``gateway_url`` is how callers reach it when that is not the address
+    # bound (a proxy, a public name); the control plane hands it out.
+    gateway: str = "127.0.0.1:0"
+    gateway_url: str = ""
+    # The daemon's event loop: "uvloop" (libuv), or "asyncio" (the standard library's).
+    event_loop: str = "uvloop"
+    # The named sizes a create may ask for: the shared catalogue (sizes.py)
+    # unless an operator gives this engine its own.
     sizes: dict[str, Size] = field(default_factory=lambda: dict(DEFAULT_SIZES))
+    # Sandboxes with a network policy (network.py): each takes a /31 of this
+    # pool (its host side and its own address), so a /16 serves 32,768 of them.
+    # Pick a range no network of the host's uses; 198.18.0.0/15 is the
+    # benchmarking range, used by no real network.  The nftables table (family
+    # inet) that holds every sandbox's rules is ``network_table``.
+    network_pool: str = "198.19.0.0/16"
+    network_table: str = "forkyard"
+    # Names the sandboxes' resolvers (resolver.py) answer from before asking the
+    # host's resolver: a hosts-format file ("address name..."), read again when
+    # it changes; "" for none.  Its addresses are trusted, private ones included.
+    network_hosts: str = ""
+    # The resolver the sandboxes' resolvers ask for an allowed name the hosts file lacks: the host's own
+    # (its /etc/resolv.conf) when "", or this address.
+    network_upstream: str = ""
+    # Dedicated inference endpoints' model servers (model_servers.py): host processes, outside any
+    # sandbox, listening on this address (a private one when web servers run on other machines), run
+    # as this user; vLLM's command on GPU hosts ("" : python -m vllm.entrypoints.openai.api_server).
+    model_server_host: str = "127.0.0.1"
+    model_server_user: str = "nobody"
+    vllm_command: str = ""
 
     @property
     def database_path(self) -> Path:
@@ -81,6 +104,16 @@ class EngineConfig:
     def mount_dir(self) -> Path:
         """Mount points shared by every sandbox, each in its own mount namespace."""
         return self.state_dir / "mnt"
+
+    @property
+    def gateway_secret_path(self) -> Path:
+        """The key this host signs and checks data tokens with (data_tokens.py)."""
+        return self.state_dir / "gateway.secret"
+
+    @property
+    def gateway_revoked_path(self) -> Path:
+        """The API keys whose tokens this host refuses (gateway.py), kept across restarts."""
+        return self.state_dir / "gateway.revoked.json"
 
     @property
     def socket_path(self) -> Path:

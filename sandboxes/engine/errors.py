@@ -33,8 +33,18 @@ class InvalidSize(InvalidRequest):
     code = "invalid_size"
 
 
+class TtlOverMaximum(InvalidRequest):
+    code = "ttl_over_maximum"
+
+
 class InvalidPath(InvalidRequest):
     code = "invalid_path"
+
+
+class UserNotFound(InvalidRequest):
+    """An exec's ``user`` (or a template's default user) is not in the sandbox's own /etc/passwd."""
+
+    code = "user_not_found"
 
 
 class NotFound(EngineError):
@@ -54,6 +64,10 @@ class FileNotFound(NotFound):
     code = "file_not_found"
 
 
+class ProcessNotFound(NotFound):
+    code = "process_not_found"
+
+
 class Conflict(EngineError):
     code = "conflict"
     status = 409
@@ -67,6 +81,10 @@ class TemplateExists(Conflict):
     code = "template_exists"
 
 
+class FileExists(Conflict):
+    code = "file_exists"
+
+
 class NotAFile(Conflict):
     code = "not_a_file"
 
@@ -75,9 +93,26 @@ class NotADirectory(Conflict):
     code = "not_a_directory"
 
 
+class ProcessNotRunning(Conflict):
+    code = "process_not_running"
+
+
+class InputNotRead(Conflict):
+    """A background process read none of its input for a while (processes.py)."""
+
+    code = "input_not_read"
+
+
 class TooLarge(EngineError):
     code = "too_large"
     status = 413
+
+
+class TooManyProcesses(EngineError):
+    """A sandbox runs as many background processes as it may (processes.py)."""
+
+    code = "too_many_processes"
+    status = 429
 
 
 class NoCapacity(EngineError):
@@ -102,6 +137,13 @@ class ServiceNotReady(EngineError):
 
     code = "service_not_ready"
     status = 504
+
+
+class PortNotListening(EngineError):
+    """Nothing in the sandbox listens on the port asked for (ports.py)."""
+
+    code = "port_not_listening"
+    status = 502
 
 
 class Unavailable(EngineError):

@@ -16,6 +16,9 @@ STEPS = (
     "destroy:recorded",  # record says destroying; init alive
     "destroy:killed",  # init dead; cgroup and socket remain
 )
+NETWORK_STEPS = (
+    "create:network",  # a create with a policy: its veth, addresses and rules made; record still says creating
+)
 SNAPSHOT_STEPS = (
     "snapshot:copied",  # a half-made layer in .incoming-*; the sandbox runs
     "snapshot:frozen",  # likewise, and the sandbox frozen though its record says running

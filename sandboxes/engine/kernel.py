@@ -35,9 +35,12 @@ MS_NOSUID = 2
 MS_NODEV = 4
 MS_NOEXEC = 8
 MS_REMOUNT = 32
+MS_NOATIME = 1024
+MS_NODIRATIME = 2048
 MS_BIND = 4096
 MS_REC = 16384
 MS_PRIVATE = 1 << 18
+MS_STRICTATIME = 1 << 24
 MNT_DETACH = 2
 
 # prctl options.
@@ -99,6 +102,7 @@ class KernelError(OSError):
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.syscall.restype = ctypes.c_long
 _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
+_libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong, ctypes.c_char_p]
 _libc.prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
 
 MACHINE = os.uname().machine
@@ -136,6 +140,13 @@ class _CapData(ctypes.Structure):
 
 class Kernel:
     """Real system calls.  Every method raises KernelError on failure."""
+
+    def mount(self, source: str, target: str, fstype: str | None, flags: int, data: str | None = None) -> None:
+        """mount(2) in the engine's own (the host's) mount namespace: only the
+        layers directory's bind onto itself (statedir.py); a sandbox's mounts
+        are made by its own init, in its own namespace (native/confine.c)."""
+        if _libc.mount(_encode(source), _encode(target), _encode(fstype), flags, _encode(data)) != 0:
+            raise _fail("mount", target)
 
     def umount(self, target: str, flags: int = 0) -> None:
         if _libc.umount2(_encode(target), flags) != 0:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import IO, Any
 
 from .errors import InvalidRequest, TooLarge
-from .trees import NOBODY, IdShift
+from .trees import NOBODY, IdShift, read_directory
 
 OPAQUE = "user.overlay.opaque"
 CHUNK = 1 << 20
@@ -144,10 +144,18 @@ def _remove(dir_fd: int, name: str) -> None:
 
 
 class LayerCopy:
-    """Copies a tree (a sandbox's upper directory) into a layer directory, pass after pass."""
+    """Copies a tree (a sandbox's upper directory) into a layer directory, pass after pass.
 
-    def __init__(self, shift: IdShift, max_bytes: int, progress: Progress | None = None) -> None:
+    Owners are read as ``source_shift`` sees them (a sandbox's own uid range)
+    and written as ``shift`` (the layers' range, on disk): a layer reads the
+    same to every sandbox that mounts it, whatever its range.
+    """
+
+    def __init__(
+        self, shift: IdShift, max_bytes: int, progress: Progress | None = None, source_shift: IdShift | None = None
+    ) -> None:
         self.shift = shift
+        self.source_shift = source_shift or shift
         self.max_bytes = max_bytes
         self.entries: dict[str, _Entry] = {}
         self.progress = progress or (lambda _event: None)
@@ -186,15 +194,14 @@ class LayerCopy:
         if depth > MAX_DEPTH:
             raise TooLarge(f"the sandbox's changes nest directories more than {MAX_DEPTH} deep", limit=MAX_DEPTH)
         present = set()
-        with os.scandir(source_fd) as listing:
-            for item in listing:
-                present.add(item.name)
-                try:
-                    info = item.stat(follow_symlinks=False)
-                except OSError:
-                    self._stats.skipped += 1
-                    continue
-                self._sync_entry(source_fd, dest_fd, item.name, prefix + item.name, info, depth)
+        for item in read_directory(source_fd, prefix or "/"):
+            present.add(item.name)
+            try:
+                info = item.stat(follow_symlinks=False)
+            except OSError:
+                self._stats.skipped += 1
+                continue
+            self._sync_entry(source_fd, dest_fd, item.name, prefix + item.name, info, depth)
         for name in os.listdir(dest_fd):
             if name not in present:
                 _remove(dest_fd, name)
@@ -246,7 +253,7 @@ class LayerCopy:
         self._set_owner_and_times(dest_fd, name, info, symlink=kind == "l")
         if kind == "p":
             os.chmod(name, stat.S_IMODE(info.st_mode), dir_fd=dest_fd)
-        self.entries[path] = _Entry(_signature(info), _line(path, kind, info, self.shift, content, []))
+        self.entries[path] = _Entry(_signature(info), _line(path, kind, info, self.source_shift, content, []))
 
     def _sync_subdirectory(self, source_fd: int, dest_fd: int, name: str, path: str, info: os.stat_result, depth: int) -> None:
         try:
@@ -275,7 +282,7 @@ class LayerCopy:
                 xattrs = self._copy_metadata(child, copy, info)
             finally:
                 os.close(copy)
-            self.entries[path] = _Entry(_signature(info), _line(path, "d", info, self.shift, "", xattrs))
+            self.entries[path] = _Entry(_signature(info), _line(path, "d", info, self.source_shift, "", xattrs))
         finally:
             os.close(child)
 
@@ -317,7 +324,7 @@ class LayerCopy:
         self._stats.copied_files += 1
         self._stats.copied_bytes += copied
         # The listing says what the copy holds: the size read, not the size listed.
-        line = _line(path, "f", info, self.shift, content.hexdigest(), xattrs, size=copied)
+        line = _line(path, "f", info, self.source_shift, content.hexdigest(), xattrs, size=copied)
         self.entries[path] = _Entry(_signature(info), line, copied)
         if self._stats.copied_files % 500 == 0:
             self.progress({"phase": "copy", "files": self._stats.copied_files, "bytes": self._stats.copied_bytes})
@@ -326,7 +333,8 @@ class LayerCopy:
     # --- metadata ----------------------------------------------------------------------
 
     def _owner(self, uid: int) -> int:
-        inside = self.shift.inside(uid)
+        """A source owner (as the sandbox's range has it) as the layer keeps it."""
+        inside = self.source_shift.inside(uid)
         return self.shift.outside(inside if 0 <= inside < NOBODY else NOBODY)
 
     def _copy_metadata(self, source: int, target: int, info: os.stat_result) -> list[tuple[str, bytes]]:
@@ -369,8 +377,7 @@ def _walk(dir_fd: int, prefix: str, depth: int = 0) -> Iterator[tuple[int, str, 
     """(parent fd, name, path, stat) for every entry below ``dir_fd``, parents first."""
     if depth > MAX_DEPTH:
         raise TooLarge(f"the layer nests directories more than {MAX_DEPTH} deep", limit=MAX_DEPTH)
-    with os.scandir(dir_fd) as listing:
-        items = sorted(listing, key=lambda item: os.fsencode(item.name))
+    items = sorted(read_directory(dir_fd, prefix or "/"), key=lambda item: os.fsencode(item.name))
     for item in items:
         info = item.stat(follow_symlinks=False)
         path = prefix + item.name
@@ -414,7 +421,7 @@ def tree_digest(root_fd: int, shift: IdShift) -> TreeSummary:
     return TreeSummary(listing_digest(lines), total, len(lines), lines)
 
 
-class _Spool:
+class Spool:
     """A write-only file object whose writes are taken as chunks by a generator."""
 
     def __init__(self) -> None:
@@ -432,14 +439,14 @@ class _Spool:
 def export_tar(root_fd: int, shift: IdShift, prefix: str = "") -> Iterator[bytes]:
     """A layer as PAX tar entries named ``prefix + path``: owners as seen inside,
     whiteouts as 0:0 character devices, kept xattrs as ``SCHILY.xattr`` records."""
-    spool = _Spool()
+    spool = Spool()
     archive = tarfile.open(fileobj=spool, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape")  # type: ignore[call-overload]
     yield from add_layer(archive, spool, root_fd, shift, prefix)
     archive.close()
     yield from spool.take()
 
 
-def add_layer(archive: tarfile.TarFile, spool: _Spool, root_fd: int, shift: IdShift, prefix: str = "") -> Iterator[bytes]:
+def add_layer(archive: tarfile.TarFile, spool: Spool, root_fd: int, shift: IdShift, prefix: str = "") -> Iterator[bytes]:
     """A layer's entries into an open archive (several layers may share one stream)."""
     for parent, name, path, info in _walk(root_fd, ""):
         kind = _kind(info.st_mode, info.st_rdev)
@@ -591,8 +598,7 @@ def merge_into(layer_fd: int, dest_fd: int, shift: IdShift, max_bytes: int) -> N
 def _merge_directory(copier: LayerCopy, source_fd: int, dest_fd: int, prefix: str, depth: int) -> None:
     if depth > MAX_DEPTH:
         raise TooLarge(f"the layers nest directories more than {MAX_DEPTH} deep", limit=MAX_DEPTH)
-    with os.scandir(source_fd) as listing:
-        items = list(listing)
+    items = read_directory(source_fd, prefix or "/")
     for item in items:
         info = item.stat(follow_symlinks=False)
         kind = _kind(info.st_mode, info.st_rdev)

@@ -19,18 +19,39 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from typing import Any, Protocol
 
+from .config import EngineConfig
 from .errors import EngineError, InvalidRequest
-
-if TYPE_CHECKING:
-    from .engine import Engine
-    from .store import SandboxRecord
+from .store import SandboxRecord
+from .template_store import TemplateStore
 
 log = logging.getLogger("forkyard.engine.pool")
 FILL_CONCURRENCY = 2
 REFILL_AFTER_S = 0.25
 MAX_TARGET = 1024
+
+
+class PoolOwner(Protocol):
+    """What warm pools need of the engine that owns them (``engine.Engine`` is one).
+
+    A protocol rather than the engine itself, so that the engine imports this
+    module and not the other way round.
+    """
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def templates(self) -> TemplateStore: ...
+
+    @property
+    def sandboxes(self) -> Mapping[str, SandboxRecord]: ...
+
+    async def create_record(self, args: dict[str, Any], pool: str = "") -> SandboxRecord: ...
+
+    async def destroy(self, sandbox_id: Any, reason: str = "destroyed") -> dict[str, Any]: ...
 
 
 def pool_name(template: str, size: str) -> str:
@@ -50,7 +71,7 @@ def parse_targets(text: str) -> dict[str, int]:
 
 
 class WarmPools:
-    def __init__(self, engine: Engine, targets: dict[str, int]) -> None:
+    def __init__(self, engine: PoolOwner, targets: dict[str, int]) -> None:
         self.engine = engine
         self.targets = dict(targets)
         self.ready: dict[str, deque[str]] = {}

@@ -7,7 +7,13 @@ followed by ``D``* ``E`` when the operation takes a body (file writes and
 uploads).  A reply is zero or more event ``J`` frames (``{"event": ...}``),
 then one final ``J`` (``{"ok": true, "result": ...}`` or ``{"ok": false,
 "error": {"code", "message", "details"}}``), followed by ``D``* ``E`` when
-the result says ``"stream": true``.
+the result says ``"stream": true``, and then a trailer ``J`` (``{"ok":
+true}``, or the error that cut the stream short).  A plain ``exec`` sends
+its output as ``D`` frames *before* its final ``J`` (``OUTPUT_TAGS``), as the
+command writes it: no frame has to hold a whole output.  ``ports.connect``
+(``ports.py``) takes the connection over: after its ok ``J``, no more frames,
+only the bytes to and from the sandbox's port, both ways, until both ends
+finish; then the connection closes.
 """
 
 from __future__ import annotations
@@ -19,6 +25,10 @@ import struct
 from typing import Any
 
 JSON, DATA, END = b"J", b"D", b"E"
+# A plain exec's output comes as data frames before its answer, each one of
+# these bytes (which stream) then the bytes the command wrote.
+OUTPUT_TAGS = {"stdout": b"1", "stderr": b"2"}
+STREAM_OF_TAG = {tag[0]: stream for stream, tag in OUTPUT_TAGS.items()}
 HEADER = struct.Struct(">cI")
 MAX_FRAME = 16 * 1024 * 1024
 CHUNK = 256 * 1024
@@ -46,8 +56,10 @@ def decode_json(payload: bytes) -> dict[str, Any]:
     return message
 
 
-async def read_frame(reader: asyncio.StreamReader) -> tuple[bytes, bytes]:
-    header = await reader.readexactly(HEADER.size)
+async def read_frame(reader: asyncio.StreamReader, header: bytes | None = None) -> tuple[bytes, bytes]:
+    """The next frame; ``header``: its header, if it was read already."""
+    if header is None:
+        header = await reader.readexactly(HEADER.size)
     kind, length = HEADER.unpack(header)
     if kind not in (JSON, DATA, END):
         raise ProtocolError(f"unknown frame type {kind!r}")

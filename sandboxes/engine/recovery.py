@@ -5,20 +5,32 @@ Reclaimers run in order and each counts what it cleaned:
 
 1. records   load every record; a corrupted one is quarantined.
 2. sandboxes a running or paused sandbox whose init is alive (same pid *and*
-             start time) and answers on its control socket is adopted; any
-             other live record (an interrupted create or destroy, a dead
-             init, an expired TTL) is reaped and tombstoned.
+             start time), answers on its control socket and is whole (its
+             /dev holds the host's device nodes, with devpts, mqueue and
+             /dev/shm mounted) is adopted; any other live record (an
+             interrupted create or destroy, a dead init, an expired TTL) is
+             reaped and tombstoned.  One alive but not whole is *broken*:
+             its init is killed and its record kept as ``stopped``, with
+             what was wrong as the reason (a pooled one is destroyed), so
+             its owner sees it end instead of running without /dev/null.
 3. cgroups   a cgroup under our parent that no adopted sandbox owns: its
-             processes are killed and it is removed.
+             processes are killed and it is removed (one that cannot be is
+             kept, and named: its sandbox keeps its uid range meanwhile).
 4. sockets   control sockets of sandboxes we no longer own are unlinked.
 5. mounts    nothing of ours should be mounted on the host (sandbox mounts
              live and die in their own namespaces); anything found under our
-             mount directory is detached.
-6. imports   half-written template layers (``.incoming-*``) are removed.
-7. history   tombstones older than the retention are purged.
+             mount directory is detached.  The layers directory's own
+             nosuid,nodev mount (statedir.py) is kept, except by the offline
+             reclaim (``adopt=False``), which detaches it.
+6. networks  the veths, chains, sets, counters and map elements of sandboxes
+             with a network policy that are gone (network.py); the offline
+             reclaim removes the engine's nftables table too.  Untouched on a
+             host where no sandbox ever had a policy.
+7. imports   half-written template layers (``.incoming-*``) are removed.
+8. history   tombstones older than the retention are purged.
 
 Policy: adopt rather than reap, because a sandbox is somebody's rollout; but
-only what we can prove is ours and healthy.
+only what we can prove is ours, healthy and whole.
 """
 
 from __future__ import annotations
@@ -32,9 +44,13 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from .cgroups import Cgroups
+from . import statedir
+from .cgroups import CgroupError, Cgroups, split_name
 from .config import EngineConfig
+from .errors import EngineError
 from .kernel import MNT_DETACH, Kernel, KernelError, process_start_time
+from .network import Network
+from .rootfs import dev_problems
 from .store import LIVE_STATES, SandboxRecord, Store
 
 log = logging.getLogger("forkyard.engine.recovery")
@@ -45,15 +61,19 @@ class RecoveryReport:
     adopted: int = 0
     reaped: int = 0
     stopped: int = 0
+    broken: int = 0  # alive but not whole (see the module docstring): stopped, not adopted
     processes_killed: int = 0
     cgroups_removed: int = 0
     sockets_removed: int = 0
     mounts_removed: int = 0
     incoming_removed: int = 0
     tombstones_purged: int = 0
+    networks_removed: int = 0  # sandboxes whose veth, chains or sets outlived them (engine.py, network.py)
     quarantined: int = 0
     seconds: float = 0.0
     adopted_ids: list[str] = field(default_factory=list)
+    broken_ids: list[str] = field(default_factory=list)
+    cgroups_kept: list[str] = field(default_factory=list)  # could not be removed (a process the engine cannot end)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -151,14 +171,23 @@ def reconcile(
             and init_alive(record, proc_dir)
             and (record.state == "paused" or init_answers(record.socket_path))
         )
-        if healthy:
+        problems = dev_problems(f"{proc_dir}/{record.pid}/root") if healthy else []
+        if healthy and not problems:
             adopted.append(record)
             report.adopted += 1
             report.adopted_ids.append(record.id)
             continue
         if kill_init(record, kernel, proc_dir):
             report.processes_killed += 1
-        if record.state in ("running", "paused") and not init_alive(record, proc_dir) and record.expires_at > now and adopt:
+        if problems:
+            log.warning("sandbox %s is alive but not whole: %s", record.id, "; ".join(problems))
+            report.broken += 1
+            report.broken_ids.append(record.id)
+            reason = "not whole when the engine restarted: " + "; ".join(problems)
+            record.state, record.reason = ("destroyed" if record.pool else "stopped"), reason[:500]
+            if record.state == "stopped":
+                kept.append(record)
+        elif record.state in ("running", "paused") and not init_alive(record, proc_dir) and record.expires_at > now and adopt:
             record.state, record.reason = "stopped", "init exited while the engine was down"
             report.stopped += 1
             kept.append(record)  # tracked until destroyed or expired, like a live one
@@ -169,13 +198,22 @@ def reconcile(
         record.ended_at = record.ended_at or now
         store.put_sandbox(record)
 
-    owned_cgroups = {record.cgroup for record in adopted}
+    # By own name: on v1 a sandbox's memory group shows only in the memory hierarchy (cgroups.py).
+    owned_cgroups = {split_name(record.cgroup)[1] for record in adopted}
     for name in cgroups.names():
-        if name in owned_cgroups:
+        if split_name(name)[1] in owned_cgroups:
             continue
-        report.processes_killed += cgroups.kill_all(name)
-        if cgroups.remove(name):
-            report.cgroups_removed += 1
+        try:
+            report.processes_killed += cgroups.kill_all(name)
+            if cgroups.remove(name):
+                report.cgroups_removed += 1
+        except CgroupError as error:
+            # Left for the engine to try again (it keeps the sandbox's uid
+            # range until then: uid_ranges.py); one such cgroup must not stop the start.
+            log.warning("could not remove cgroup %s: %s", name, error)
+            report.cgroups_kept.append(name)
+    for group in cgroups.groups():
+        cgroups.remove_empty_group(group)  # a memory group whose sandboxes all went
 
     owned_sockets = {os.path.basename(record.socket_path) for record in adopted}
     try:
@@ -192,6 +230,11 @@ def reconcile(
             report.mounts_removed += 1
         except KernelError as error:
             log.warning("could not detach %s: %s", mount_point, error)
+    if not adopt:
+        # The offline reclaim: nothing will mount these layers any more.  (At
+        # start the layers' own nosuid,nodev mount is made before this runs,
+        # and kept: statedir.py.)
+        report.mounts_removed += statedir.detach_layers(config, kernel)
 
     try:
         for entry in os.scandir(config.layers_dir):
@@ -200,6 +243,18 @@ def reconcile(
                 report.incoming_removed += 1
     except FileNotFoundError:
         pass
+
+    if store.get_meta("networks_used"):  # else no policy was ever applied here: the firewall is left alone
+        networks = Network(config.network_pool, config.network_table, kernel)
+        try:
+            # A stopped one's init (and namespace) is gone: only adopted ones keep theirs.
+            report.networks_removed = networks.reclaim(
+                {record.id: record.network.get("address", "") for record in adopted if record.network}
+            )
+            if not adopt:
+                networks.remove_table()
+        except EngineError as error:
+            log.error("reclaiming networks: %s", error)
 
     report.tombstones_purged = store.purge_tombstones(now - config.tombstone_s)
     report.seconds = round(time.monotonic() - started, 3)

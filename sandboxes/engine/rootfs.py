@@ -7,12 +7,15 @@ the steps as data, in the order they run, so that the sequence of mounts can
 be read and tested without root:
 
 1. Make every mount private, so nothing we mount propagates to the host.
-2. Mount a tmpfs "scratch" sized to the sandbox's disk limit: it holds the
-   overlay's writable layer, so writes are charged to the sandbox's memory
-   cgroup and vanish with it.  Keep a handle on the writable layer (init's
+2. Mount a tmpfs "scratch" sized to the sandbox's disk limit, with a number
+   of inodes in proportion: it holds the overlay's writable layer, so writes
+   are charged to the sandbox's memory cgroup and vanish with it.  Keep a handle on the writable layer (init's
    fd 5, for snapshots).
-3. Mount the overlay: template (and snapshot) layers below, named relative to
-   the layers directory we enter first; scratch above.
+3. Attach the layers: the zygote opened each as a detached mount, idmapped
+   from the layers' uid range into the sandbox's own (mounts, not copies;
+   no superblock of their own); they are attached on the scratch as
+   ``lower/0``, ``lower/1``, ... .  Mount the overlay: those below (short
+   relative names, from inside ``lower``), scratch above.
 4. Open the new root.  Every later target is opened *inside* it without
    following symlinks or crossing mounts (a template or snapshot may plant
    ``/proc -> /``), created if absent, and mounted on through
@@ -22,7 +25,7 @@ be read and tested without root:
    owned by host root, so the sandbox cannot change it), with devpts and
    mqueue mounted on it, and ``/dev/shm`` a bind of a directory of the
    scratch tmpfs (no superblock of its own: see :func:`prepare_empty`).
-6. Mask the ``/proc`` entries that reveal or reach the host kernel; make
+6. Mask the ``/proc`` and ``/sys`` entries that reveal or reach the host kernel; make
    ``/proc/sys`` and friends read-only; hide firmware and driver trees under
    an empty read-only directory.
 7. ``/tmp`` (1777) and ``/root`` (0700) exist; ``pivot_root`` into the new
@@ -32,6 +35,7 @@ be read and tested without root:
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import NamedTuple
 
 from .kernel import (
@@ -59,17 +63,30 @@ DEVICE_DIRECTORIES = ("pts", "shm", "mqueue")
 # slabinfo and the like are readable only by host root, whom a sandbox can
 # never be; masking them too would cost a mount each for nothing.)
 MASKED_PROC_FILES = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats", "timer_stats")
+# Likewise under /sys, world-readable: vmcoreinfo gives the physical address
+# of the kernel's crash notes (a step towards defeating address randomization).
+MASKED_SYS_FILES = ("kernel/vmcoreinfo",)
 # Directories hidden behind an empty read-only directory: (the mount they are on, name).
 MASKED_DIRECTORIES = (("proc", "acpi"), ("proc", "scsi"), ("proc", "asound"), ("proc", "driver"), ("sys", "firmware"))
 READ_ONLY_PROC = ("sys", "sysrq-trigger", "irq", "bus", "fs")
 # Flags the kernel locks on mounts made in a user namespace: a read-only
 # remount must repeat them or it is refused.
 LOCKED = MS_NOSUID | MS_NODEV | MS_NOEXEC
+# Files (inodes) the scratch tmpfs may hold: one per page of its size (a file
+# with any content takes a page anyway), and no fewer than MIN_INODES.  Each
+# costs the sandbox about a KiB of kernel memory; without a limit of its own
+# a tmpfs allows half the host's pages.
+INODE_BYTES = 4096
+MIN_INODES = 4096
+
+
+def scratch_inodes(disk_bytes: int) -> int:
+    return max(disk_bytes // INODE_BYTES, MIN_INODES)
 
 
 class RootfsSpec(NamedTuple):
     layers_dir: str  # layer directories are named relative to it
-    lower: tuple[str, ...]  # topmost first, as overlayfs wants them
+    lower: tuple[str, ...]  # topmost first, as overlayfs wants them (the zygote opens layers_dir/<name>)
     scratch_dir: str  # shared, empty host directory: a mount point only
     root_dir: str  # likewise
     disk_bytes: int
@@ -84,9 +101,10 @@ class Step(NamedTuple):
     ``flags``, ``data``), ``bind-remount`` (bind ``source``, a host path, or
     else the target itself, onto the target, then remount it with ``flags``:
     read-only, or with the flags the kernel locks),
-    ``mkdir``, ``keep-layer`` (init's fd 5),
-    ``chdir``, ``enter-root`` (relative targets live under it from then on),
-    ``pivot``.
+    ``mkdir``, ``keep-layer`` (init's fd 5), ``attach-layers`` (make the
+    target and attach the zygote's idmapped layer mounts on ``<target>/0``,
+    ``<target>/1``, ...), ``chdir``, ``enter-root`` (relative targets live
+    under it from then on), ``pivot``.
 
     An absolute ``target`` is a host path; a relative one is a path in the new
     root, on the mount named by ``within`` ("" for the root itself).  A
@@ -105,35 +123,131 @@ class Step(NamedTuple):
     missing: str = "fail"
 
 
-def prepare_dev(directory: str, host_dev: str = "/dev") -> None:
-    """Make the directory every sandbox's /dev is a bind of (engine start, as root).
+def prepare_dev(directory: str, host_dev: str = "/dev") -> int:
+    """Make the directory every sandbox's /dev is a bind of, in place (engine start, as root).
 
     Device nodes are made with the host's own numbers; they and the directory
     belong to host root, whom no sandbox maps, so a sandbox can use but never
     change them.
+
+    Every live sandbox's /dev is a bind of *this directory's inode*, with its
+    devpts, mqueue and shm mounted on its subdirectories: so the directory is
+    never renamed or removed, and an entry that is right is never touched.
+    An entry that is wrong (a device with other numbers, mode or owner, a link
+    to elsewhere) is replaced atomically: made beside it under a temporary
+    name, then renamed over it, so a sandbox sees the old entry or the new
+    one, never none.  A subdirectory (pts, shm, mqueue) that exists is kept
+    as it is: it is a mount point in every sandbox.  Returns how many entries
+    were made or replaced (0 on a restart).
     """
     import shutil
     import stat as stat_module
 
-    staging = directory + ".new"
-    shutil.rmtree(staging, ignore_errors=True)
-    os.makedirs(staging, 0o755)
+    if os.path.islink(directory) or (os.path.lexists(directory) and not os.path.isdir(directory)):
+        os.unlink(directory)
+    os.makedirs(directory, 0o755, exist_ok=True)
+    os.chown(directory, 0, 0)
+    os.chmod(directory, 0o755)
+    shutil.rmtree(directory + ".new", ignore_errors=True)  # an older engine's staging directory
+    made = 0
+
+    def current(name: str) -> os.stat_result | None:
+        try:
+            return os.lstat(os.path.join(directory, name))
+        except FileNotFoundError:
+            return None
+
+    def replace(name: str, make: Callable[[str], None]) -> None:
+        nonlocal made
+        temporary = os.path.join(directory, f".{name}.new-{os.getpid()}")
+        if os.path.lexists(temporary):
+            os.unlink(temporary)
+        make(temporary)
+        target = os.path.join(directory, name)
+        if os.path.isdir(target) and not os.path.islink(target):
+            shutil.rmtree(target)  # a device name is never a mount point: only pts, shm and mqueue are
+        os.rename(temporary, target)
+        made += 1
+
     for device in DEVICES:
-        info = os.stat(os.path.join(host_dev, device))
-        os.mknod(os.path.join(staging, device), stat_module.S_IFCHR | 0o666, info.st_rdev)
-        os.chmod(os.path.join(staging, device), 0o666)
+        wanted = os.stat(os.path.join(host_dev, device)).st_rdev
+        info = current(device)
+        if (
+            info is not None
+            and stat_module.S_ISCHR(info.st_mode)
+            and info.st_rdev == wanted
+            and stat_module.S_IMODE(info.st_mode) == 0o666
+            and (info.st_uid, info.st_gid) == (0, 0)
+        ):
+            continue
+
+        def make_node(path: str, rdev: int = wanted) -> None:
+            os.mknod(path, stat_module.S_IFCHR | 0o666, rdev)
+            os.chown(path, 0, 0)
+            os.chmod(path, 0o666)  # mknod's mode passes through the umask
+
+        replace(device, make_node)
     for name, target in DEVICE_LINKS.items():
-        os.symlink(target, os.path.join(staging, name))
+        info = current(name)
+        if info is not None and stat_module.S_ISLNK(info.st_mode) and os.readlink(os.path.join(directory, name)) == target:
+            continue
+
+        def make_link(path: str, target: str = target) -> None:
+            os.symlink(target, path)
+
+        replace(name, make_link)
     for name in DEVICE_DIRECTORIES:
-        os.mkdir(os.path.join(staging, name), 0o755)
-    os.chmod(staging, 0o755)
-    if os.path.isdir(directory) and not os.path.islink(directory):
-        # Running sandboxes keep their bind of the old directory; rename it away.
-        os.rename(directory, f"{directory}.old-{os.getpid()}")
-    os.rename(staging, directory)
-    for entry in os.listdir(os.path.dirname(directory)):
-        if entry.startswith(os.path.basename(directory) + ".old-"):
-            shutil.rmtree(os.path.join(os.path.dirname(directory), entry), ignore_errors=True)
+        path = os.path.join(directory, name)
+        info = current(name)
+        if info is not None and not stat_module.S_ISDIR(info.st_mode):
+            os.unlink(path)
+            info = None
+        if info is None:
+            os.mkdir(path, 0o755)
+            made += 1
+        os.chown(path, 0, 0)
+        os.chmod(path, 0o755)
+    expected = {*DEVICES, *DEVICE_LINKS, *DEVICE_DIRECTORIES}
+    for entry in os.scandir(directory):
+        # Anything else would show in every sandbox's /dev: a temporary name a
+        # crash left, or a file someone put there.  (A directory might be a
+        # mount point in some sandbox: left alone.)
+        if entry.name not in expected and not entry.is_dir(follow_symlinks=False):
+            os.unlink(entry.path)
+    return made
+
+
+def dev_problems(root: str, host_dev: str = "/dev") -> list[str]:
+    """What is wrong with the /dev a sandbox sees (``root`` is its root as the
+    host reaches it, ``/proc/<init>/root``); empty when it is whole.
+
+    Every device node must be the host's character device, and devpts,
+    mqueue and the shared-memory directory must be mounted on their
+    directories (read from ``/proc/<init>/mountinfo``, beside ``root``).
+    """
+    import stat as stat_module
+
+    problems = []
+    for device in DEVICES:
+        try:
+            info = os.lstat(os.path.join(root, "dev", device))
+        except OSError as error:
+            problems.append(f"/dev/{device}: {error.strerror}")
+            continue
+        wanted = os.stat(os.path.join(host_dev, device)).st_rdev
+        if not stat_module.S_ISCHR(info.st_mode) or info.st_rdev != wanted:
+            problems.append(f"/dev/{device} is not the character device {os.major(wanted)}:{os.minor(wanted)}")
+    try:
+        with open(os.path.join(os.path.dirname(root), "mountinfo")) as mountinfo:
+            mounted = {line.split()[4]: line.split(" - ")[1].split()[0] for line in mountinfo if " - " in line}
+    except OSError as error:
+        return [*problems, f"mountinfo: {error.strerror}"]
+    for name, fstype in (("pts", "devpts"), ("mqueue", "mqueue"), ("shm", "")):
+        if f"/dev/{name}" not in mounted:
+            problems.append(f"/dev/{name} is not mounted")
+        elif fstype and mounted[f"/dev/{name}"] != fstype:
+            problems.append(f"/dev/{name} is {mounted[f'/dev/{name}']}, not {fstype}")
+    return problems
 
 
 def prepare_empty(directory: str) -> None:
@@ -151,10 +265,17 @@ def prepare_empty(directory: str) -> None:
         raise OSError(f"{directory} must be empty: it is bound over hidden directories in every sandbox")
 
 
+def layer_paths(spec: RootfsSpec) -> tuple[str, ...]:
+    """The host paths of the layers, topmost first: what the zygote opens."""
+    return tuple(os.path.join(spec.layers_dir, name) for name in spec.lower)
+
+
 def overlay_options(spec: RootfsSpec, upper: str, work: str) -> str:
-    # Lower layers are named relative to layers_dir (we chdir there first):
-    # the options must fit in one page, and short names fit more layers.
-    return f"lowerdir={':'.join(spec.lower)},upperdir={upper},workdir={work},userxattr"
+    # Lower layers are the mounts attached on lower/0, lower/1, ... (we chdir
+    # there first): the options must fit in one page, and short names fit
+    # more layers.
+    lower = ":".join(str(index) for index in range(len(spec.lower)))
+    return f"lowerdir={lower},upperdir={upper},workdir={work},userxattr"
 
 
 def _mount_on(target: str, source: str, fstype: str, flags: int, data: str = "", within: str = "") -> Step:
@@ -166,6 +287,7 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
     """Every step that builds the sandbox's root, in the order they run."""
     upper = os.path.join(spec.scratch_dir, "upper")
     work = os.path.join(spec.scratch_dir, "work")
+    lower = os.path.join(spec.scratch_dir, "lower")
     # /dev/shm lives on the scratch tmpfs beside the writable layer (charged to
     # the sandbox, bounded by its disk, never in a snapshot): a tmpfs of its own
     # was one more superblock, and superblocks cost every memory cgroup a slot.
@@ -178,13 +300,14 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
             source="forkyard",
             fstype="tmpfs",
             flags=MS_NOSUID | MS_NODEV,
-            data=f"size={spec.disk_bytes},mode=0755",
+            data=f"size={spec.disk_bytes},nr_inodes={scratch_inodes(spec.disk_bytes)},mode=0755",
         ),
         Step("mkdir", upper, mode=0o755),
         Step("mkdir", work, mode=0o700),
         Step("mkdir", shared_memory, mode=0o1777),
         Step("keep-layer", upper),
-        Step("chdir", spec.layers_dir),
+        Step("attach-layers", lower),
+        Step("chdir", lower),
         Step("mount", spec.root_dir, source="overlay", fstype="overlay", data=overlay_options(spec, upper, work)),
         Step("enter-root", spec.root_dir),
         _mount_on("proc", "proc", "proc", LOCKED),
@@ -194,6 +317,7 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
         Step("bind-remount", "shm", "dev", shared_memory, flags=MS_REMOUNT | MS_BIND | LOCKED),
         _mount_on("mqueue", "mqueue", "mqueue", LOCKED, within="dev"),
         *(Step("mount", name, "proc", "/dev/null", flags=MS_BIND, missing="skip") for name in MASKED_PROC_FILES),
+        *(Step("mount", name, "sys", "/dev/null", flags=MS_BIND, missing="skip") for name in MASKED_SYS_FILES),
         *(
             Step("bind-remount", name, "proc", flags=MS_REMOUNT | MS_BIND | MS_RDONLY | LOCKED, missing="skip")
             for name in READ_ONLY_PROC

@@ -28,6 +28,7 @@ from .kernel import (
     CLONE_NEWPID,
     CLONE_NEWUSER,
     CLONE_NEWUTS,
+    MACHINE,
 )
 
 SCMP_ACT_ALLOW = 0x7FFF0000
@@ -108,6 +109,9 @@ DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
         "migrate_pages",
     ),
     "other processes' memory": ("process_vm_readv", "process_vm_writev"),
+    # x86's local descriptor table: 16-bit and segment tricks no program of
+    # a sandbox needs, and a history of kernel bugs (Docker denies it too).
+    "x86 segments": ("modify_ldt",),
 }
 
 # Answered ENOSYS rather than EPERM: clone3 passes its flags in memory that a
@@ -175,8 +179,6 @@ def _personality_prefix(personality_number: int) -> bytes:
     argument cannot be combined), so personality() is checked here: the
     listed values pass, any other is EPERM, other system calls fall through.
     """
-    from .kernel import MACHINE
-
     allowed = ALLOWED_PERSONALITIES
     # Layout: load arch, check, load nr, check, load arg0, N compares, deny, allow.
     length = 5 + len(allowed) + 2

@@ -14,18 +14,19 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from . import protocol, templates
+from . import ports, protocol, template_store
 from .engine import VERSION, Engine
-from .errors import EngineError, InvalidRequest, TooLarge
+from .errors import EngineError, InvalidRequest
 from .execution import ExecResult
-from .protocol import DATA, END, JSON, ProtocolError, encode, encode_json, read_frame
+from .gateway import Gateway
+from .protocol import DATA, END, HEADER, JSON, OUTPUT_TAGS, ProtocolError, encode, encode_json, read_frame
 
 log = logging.getLogger("forkyard.engine.server")
-QUEUE_DEPTH = 8
 HELLO_TIMEOUT_S = 5.0
 # Connections waiting to be accepted: a launch's workers and a web server's
 # pool connect in bursts of hundreds (the kernel caps it at somaxconn).
@@ -109,71 +110,118 @@ class Call:
         return value
 
     def event(self, message: dict[str, Any]) -> None:
-        self.writer.write(encode_json(message))
+        if not self.writer.transport.is_closing():
+            self.writer.write(encode_json(message))
+
+    def data(self, payload: bytes) -> None:
+        if not self.writer.transport.is_closing():
+            self.writer.write(encode(DATA, payload))
+
+    def congested(self) -> bool:
+        """The caller is not reading as fast as we write (execution.Flow)."""
+        transport = self.writer.transport
+        return transport.get_write_buffer_size() >= transport.get_write_buffer_limits()[1]
+
+    async def drained(self) -> None:
+        await self.writer.drain()  # ConnectionResetError once the caller is gone
 
     async def stream_from_thread(self, produce: Callable[[], Iterator[bytes]]) -> None:
-        """Send ``D`` frames produced by a blocking generator in a thread.
+        """Send ``D`` frames produced by a blocking generator, one step at a time
+        in a worker thread.
 
-        The first chunk (or the first error) decides between an ok header and
-        an error answer; an error after that becomes the trailer.
+        No thread ever waits for the caller: each step takes a thread only
+        while it makes its chunk, so a caller that stops reading holds no
+        thread (the engine's threads do all its file work; a few stalled
+        downloads once took them all, and every download after them waited
+        forever).  The first chunk (or the first error) decides between an ok
+        header and an error answer; after it, any failure (the producer's, or
+        ours) ends the stream: ``E``, then the error as the trailer, which
+        the clients raise.  Only a caller that went away gets no trailer.
         """
-        loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue(QUEUE_DEPTH)
-        stop = threading.Event()
-
-        def work() -> None:
-            def put(item: tuple[str, Any]) -> None:
-                asyncio.run_coroutine_threadsafe(queue.put(item), loop).result()
-
-            try:
-                for chunk in produce():
-                    if stop.is_set():
-                        return
-                    put(("data", chunk))
-                put(("end", None))
-            except BaseException as error:  # noqa: BLE001 - reported to the caller
-                put(("error", error))
-
-        worker = loop.run_in_executor(None, work)
-        kind, value = await queue.get()
+        steps = _Steps(produce)
         try:
-            if kind == "error":
-                raise value
-            self.writer.write(encode_json({"ok": True, "result": {"stream": True}}))
-            while kind == "data":
-                self.writer.write(encode(DATA, value))
-                await self.writer.drain()
-                kind, value = await queue.get()
-            self.writer.write(encode(END))
-            if kind == "error":
-                trailer = (
-                    value.to_dict()
-                    if isinstance(value, EngineError)
-                    else {"code": "internal_error", "message": str(value), "details": {}}
-                )
-                self.writer.write(encode_json({"ok": False, "error": trailer}))
-            else:
-                self.writer.write(encode_json({"ok": True, "result": {}}))
+            chunk = await steps.next()
+        except BaseException:
+            steps.close()
+            raise
+        self.writer.write(encode_json({"ok": True, "result": {"stream": True}}))
+        failure: BaseException | None = None
+        try:
+            while chunk is not None:
+                if chunk:
+                    self.writer.write(encode(DATA, chunk))
+                    await self.writer.drain()
+                chunk = await steps.next()
+        except ConnectionError:
+            raise  # the caller is gone: nobody to tell
+        except Exception as error:  # noqa: BLE001 - it becomes the trailer
+            failure = error
         finally:
-            stop.set()
-            while not worker.done():
-                try:
-                    queue.get_nowait()
-                except asyncio.QueueEmpty:
-                    await asyncio.sleep(0.001)
+            steps.close()
+        self.writer.write(encode(END))
+        self.writer.write(_trailer(failure))
         raise _AlreadyAnswered
+
+
+class _Steps:
+    """A blocking generator advanced one item at a time in the loop's worker threads."""
+
+    def __init__(self, produce: Callable[[], Iterator[bytes]]) -> None:
+        self.produce = produce
+        self.chunks: Iterator[bytes] | None = None
+        self.closed = False
+        # Held by the step that runs: a step abandoned by a cancelled caller
+        # still runs in its thread, and the generator must not be closed under it.
+        self.lock = threading.Lock()
+
+    def _step(self) -> bytes | None:
+        with self.lock:
+            if self.closed:
+                return None
+            if self.chunks is None:
+                self.chunks = iter(self.produce())
+            return next(self.chunks, None)
+
+    async def next(self) -> bytes | None:
+        return await asyncio.get_running_loop().run_in_executor(None, self._step)
+
+    def _finish(self) -> None:
+        with self.lock:
+            self.closed = True
+            close = getattr(self.chunks, "close", None)
+            if close is not None:
+                close()  # its finally blocks close its fds
+
+    def close(self) -> None:
+        """Close the generator once no step runs (now, or in a thread after the running one)."""
+        if self.lock.acquire(blocking=False):
+            self.lock.release()
+            self._finish()
+        else:
+            asyncio.get_running_loop().run_in_executor(None, self._finish)
+
+
+def _trailer(failure: BaseException | None) -> bytes:
+    """The frame after ``E``: ok, or what cut the stream short."""
+    if failure is None:
+        return encode_json({"ok": True, "result": {}})
+    if isinstance(failure, EngineError):
+        try:
+            return encode_json({"ok": False, "error": failure.to_dict()})
+        except (TypeError, ValueError):
+            pass  # details that do not serialize: the message alone
+    message = failure.message if isinstance(failure, EngineError) else f"{type(failure).__name__}: {failure}"
+    code = failure.code if isinstance(failure, EngineError) else "internal_error"
+    return encode_json({"ok": False, "error": {"code": code, "message": message, "details": {}}})
 
 
 class _AlreadyAnswered(Exception):
     pass
 
 
-def _exec_result(result: ExecResult, include_output: bool) -> dict[str, Any]:
-    summary = result.summary()
-    if include_output:
-        summary["stdout_b64"] = base64.b64encode(result.stdout).decode()
-        summary["stderr_b64"] = base64.b64encode(result.stderr).decode()
-    return summary
+def _exec_result(result: ExecResult) -> dict[str, Any]:
+    """The answer to an exec: its summary (its output went ahead, as it was read)."""
+    return result.summary()
 
 
 async def op_ping(call: Call) -> Any:
@@ -181,7 +229,28 @@ async def op_ping(call: Call) -> Any:
 
 
 async def op_info(call: Call) -> Any:
-    return call.engine.info()
+    info = call.engine.info()
+    if call.server.gateway is not None:
+        info["gateway"] = call.server.gateway.info()
+    return info
+
+
+async def op_gateway_info(call: Call) -> Any:
+    """Where this host's gateway answers, and the key its data tokens are signed with (for the control plane,
+    which mints them: over this authenticated connection only, never in ``info``)."""
+    gateway = call.server.gateway
+    if gateway is None:
+        return {"url": "", "secret_b64": ""}
+    return {"url": gateway.url, "secret_b64": base64.b64encode(gateway.secret).decode()}
+
+
+async def op_gateway_revoke(call: Call) -> Any:
+    """Refuse every data token of these API keys from now on (a key was revoked)."""
+    keys = call.arg("keys", list)
+    if not all(isinstance(key, str) and 0 < len(key) <= 64 for key in keys) or len(keys) > 1000:
+        raise InvalidRequest("keys must be a list of at most 1,000 key ids", field="keys")
+    gateway = call.server.gateway
+    return {"revoked": 0 if gateway is None else gateway.revoke(keys, time.time())}
 
 
 async def op_create(call: Call) -> Any:
@@ -200,6 +269,10 @@ async def op_destroy(call: Call) -> Any:
     return await call.engine.destroy(call.args.get("id"))
 
 
+async def op_destroy_many(call: Call) -> Any:
+    return {"sandboxes": await call.engine.destroy_many(call.args.get("ids"))}
+
+
 async def op_pause(call: Call) -> Any:
     return await call.engine.pause(call.args.get("id"))
 
@@ -212,6 +285,18 @@ async def op_stats(call: Call) -> Any:
     return call.engine.stats(call.args.get("id"))
 
 
+async def op_update(call: Call) -> Any:
+    return call.engine.update(call.args.get("id"), call.args)
+
+
+async def op_network_set(call: Call) -> Any:
+    return await call.engine.set_network(call.args.get("id"), call.args)
+
+
+async def op_network_set_many(call: Call) -> Any:
+    return {"sandboxes": await call.engine.set_networks(call.args.get("items"))}
+
+
 async def op_pools(call: Call) -> Any:
     return {"pools": call.engine.pools.status()}
 
@@ -221,36 +306,93 @@ async def op_pools_set(call: Call) -> Any:
 
 
 async def op_exec(call: Call) -> Any:
+    """Output goes to the caller as it is read, paced by how fast the caller
+    reads (the engine never holds a command's whole output): as ``output``
+    events when streaming, else as data frames before the answer, each
+    ``1`` (stdout) or ``2`` (stderr) then the bytes (the clients put them
+    back together as ``stdout_b64`` and ``stderr_b64``)."""
     if call.args.get("stream"):
 
         def forward(stream: str, data: bytes) -> None:
             call.event({"event": "output", "stream": stream, "data_b64": base64.b64encode(data).decode()})
 
-        result = await call.engine.exec(call.args.get("id"), call.args, forward)
-        return _exec_result(result, include_output=False)
-    result = await call.engine.exec(call.args.get("id"), call.args)
-    return _exec_result(result, include_output=True)
+    else:
+
+        def forward(stream: str, data: bytes) -> None:
+            call.data(OUTPUT_TAGS[stream] + data)
+
+    result = await call.engine.exec(call.args.get("id"), call.args, forward, call)
+    return _exec_result(result)
+
+
+async def op_processes_start(call: Call) -> Any:
+    return await call.engine.start_process(call.args.get("id"), call.args)
+
+
+async def op_processes_list(call: Call) -> Any:
+    return {"processes": call.engine.list_processes(call.args.get("id"))}
+
+
+async def op_processes_get(call: Call) -> Any:
+    return call.engine.process_output(call.args)
+
+
+async def op_processes_signal(call: Call) -> Any:
+    return call.engine.signal_process(call.args)
+
+
+async def op_processes_wait(call: Call) -> Any:
+    return await call.engine.wait_process(call.args)
+
+
+async def op_processes_input(call: Call) -> Any:
+    return await call.engine.process_input(call.args)
+
+
+async def op_processes_resize(call: Call) -> Any:
+    return call.engine.resize_process(call.args)
+
+
+async def op_processes_attach(call: Call) -> Any:
+    """A process's output as it comes, as ``output`` events (``stream``, ``data_b64``, ``offset``, and
+    ``missed_bytes`` when the tail no longer held what the offset asked for), paced by the caller; the
+    answer, once it has exited and everything was sent, is its summary.  Ending it (the caller's
+    connection closing) leaves the process running."""
+    process = call.engine.find_process(call.args)
+    offsets = {name: call.arg(f"{name}_offset", int, required=False, default=0) for name in ("stdout", "stderr")}
+    while True:
+        sent = False
+        for name, tail in (("stdout", process.stdout), ("stderr", process.stderr)):
+            data, begin, missed = tail.since(offsets[name])
+            if data or missed:
+                event: dict[str, Any] = {"event": "output", "stream": name, "data_b64": base64.b64encode(data).decode()}
+                event["offset"] = begin
+                if missed:
+                    event["missed_bytes"] = missed
+                call.event(event)
+                offsets[name] = begin + len(data)
+                sent = True
+        if sent:
+            await call.drained()  # paced by the caller; then look again before waiting for more
+            continue
+        if not process.running:
+            return process.summary()
+        await process.changed()
 
 
 async def op_files_read(call: Call) -> Any:
     path = call.arg("path")
     tree = call.engine.open_tree(call.args.get("id"))
-    limit = call.engine.config.max_file_bytes
 
     def produce() -> Iterator[bytes]:
+        fd, size = call.engine.open_file(tree, path)
         try:
-            fd, size = tree.open_regular(path)
-            try:
-                if size > limit:
-                    raise TooLarge(f"{path} is {size} bytes, over the {limit}-byte limit", path=path, size=size)
-                remaining = size
-                while remaining > 0 and (chunk := os.read(fd, min(protocol.CHUNK, remaining))):
-                    remaining -= len(chunk)
-                    yield chunk
-            finally:
-                os.close(fd)
+            remaining = size
+            while remaining > 0 and (chunk := os.read(fd, min(protocol.CHUNK, remaining))):
+                remaining -= len(chunk)
+                yield chunk
         finally:
-            os.close(tree.root_fd)
+            os.close(fd)
 
     await call.stream_from_thread(produce)
 
@@ -262,15 +404,7 @@ async def op_files_write(call: Call) -> Any:
     assert call.body is not None
     loop = asyncio.get_running_loop()
     body = call.body
-    limit = call.engine.config.max_file_bytes
-
-    def write(tree: Any) -> Any:
-        return {
-            "path": path,
-            "bytes": tree.write(path, lambda: body.blocking_chunks(loop), mode, limit=limit, make_parents=make_parents),
-        }
-
-    return await call.engine.with_tree(call.args.get("id"), write)
+    return await call.engine.write_file(call.args.get("id"), path, lambda: body.blocking_chunks(loop), mode, make_parents)
 
 
 async def op_files_list(call: Call) -> Any:
@@ -286,14 +420,64 @@ async def op_files_stat(call: Call) -> Any:
 async def op_files_remove(call: Call) -> Any:
     path = call.arg("path")
     recursive = bool(call.args.get("recursive", False))
-    removed = await call.engine.with_tree(call.args.get("id"), lambda tree: tree.remove(path, recursive=recursive))
+    removed = await call.engine.with_writer(call.args.get("id"), lambda tree: tree.remove(path, recursive=recursive))
     return {"path": path, "removed": removed}
 
 
 async def op_files_mkdir(call: Call) -> Any:
     path = call.arg("path")
-    await call.engine.with_tree(call.args.get("id"), lambda tree: tree.make_directories(path))
+    await call.engine.with_writer(call.args.get("id"), lambda tree: tree.make_directories(path))
     return {"path": path}
+
+
+async def op_files_rename(call: Call) -> Any:
+    path, target = call.arg("path"), call.arg("target")
+    replace = call.arg("replace", bool, required=False, default=False)
+    await call.engine.with_writer(call.args.get("id"), lambda tree: tree.rename(path, target, replace))
+    return {"path": path, "target": target}
+
+
+WATCH_POLL_S = 1.0  # how often a quiet watch checks that its sandbox still runs
+
+
+async def op_files_watch(call: Call) -> Any:
+    """A directory's changes as ``watch`` events (watches.py): first ``ready``
+    once the watch is in place, then each change, until the caller hangs up
+    (a caller-bound op), ``timeout_s`` passes, the directory goes, or the
+    sandbox stops.  The answer says which (``reason``).  Events wait in the
+    watch's bounded queue while the caller is slow to read."""
+    path = call.arg("path", required=False, default="/")
+    timeout_s = call.arg("timeout_s", (int, float), required=False)
+    if timeout_s is not None and not 0 < timeout_s <= 24 * 3600:
+        raise InvalidRequest("timeout_s must be over 0 and at most a day", field="timeout_s")
+    sandbox_id = call.arg("id")
+    loop = asyncio.get_running_loop()
+    deadline = None if timeout_s is None else loop.time() + timeout_s
+    watch = await call.engine.watch(sandbox_id, path)
+    try:
+        call.event({"event": "watch", "type": "ready", "path": path})
+        while True:
+            for message in watch.take():
+                call.event({"event": "watch", **message})
+            if call.congested():
+                await call.drained()
+            if watch.ended is not None and not watch.queue and not watch.dropped:
+                reason = f"directory_{watch.ended}"
+                break
+            if not call.engine.still_running(sandbox_id):
+                reason = "sandbox_ended"
+                break
+            remaining = WATCH_POLL_S if deadline is None else min(WATCH_POLL_S, deadline - loop.time())
+            if remaining <= 0:
+                reason = "timeout"
+                break
+            try:
+                await asyncio.wait_for(watch.ready.wait(), remaining)
+            except TimeoutError:
+                pass
+    finally:
+        watch.close()
+    return {"path": path, "reason": reason}
 
 
 async def op_files_download(call: Call) -> Any:
@@ -314,7 +498,7 @@ async def op_files_upload(call: Call) -> Any:
     assert call.body is not None
     loop = asyncio.get_running_loop()
     body = call.body
-    return await call.engine.with_tree(
+    return await call.engine.with_writer(
         call.args.get("id"),
         lambda tree: tree.extract(_BodyFile(body.blocking_chunks(loop)), path),  # type: ignore[arg-type]
     )
@@ -334,7 +518,7 @@ async def op_templates_delete(call: Call) -> Any:
 
 
 async def op_templates_import(call: Call) -> Any:
-    name = templates.validate_name(call.args.get("name"))
+    name = template_store.validate_name(call.args.get("name"))
     source = call.arg("source")
     kind = call.arg("kind", required=False, default="auto")
     loop = asyncio.get_running_loop()
@@ -351,16 +535,17 @@ async def op_templates_import(call: Call) -> Any:
         call.args.get("env"),
         call.args.get("workdir"),
         progress,
+        call.args.get("user"),
     )
     return vars(record)
 
 
 async def op_templates_build_base(call: Call) -> Any:
-    name = templates.validate_name(call.args.get("name", "base"))
+    name = template_store.validate_name(call.args.get("name", "base"))
     staging = call.engine.config.state_dir / "staging" / name
 
     def build() -> Any:
-        templates.build_base_rootfs(staging)
+        template_store.build_base_rootfs(staging)
         try:
             return call.engine.templates.import_template(name, str(staging), "directory", bool(call.args.get("replace", True)))
         finally:
@@ -398,6 +583,38 @@ async def op_snapshots_import(call: Call) -> Any:
     return vars(await asyncio.to_thread(call.engine.snapshots.import_stream, stream))  # type: ignore[arg-type]
 
 
+async def op_ports_wait(call: Call) -> Any:
+    """Until something in the sandbox accepts on ``port`` (or ``timeout_s`` passes): ``{port, listening, waited_s}``."""
+    return await call.engine.wait_port(call.args.get("id"), call.args.get("port"), call.args.get("timeout_s", 30))
+
+
+async def op_model_servers_ensure(call: Call) -> Any:
+    """A dedicated endpoint's model server running on this host (model_servers.py); a replay returns it."""
+    return await call.engine.model_servers.ensure(call.args)
+
+
+async def op_model_servers_remove(call: Call) -> Any:
+    return await call.engine.model_servers.remove(call.arg("id"))
+
+
+async def op_model_servers_list(call: Call) -> Any:
+    return {"servers": call.engine.model_servers.listed()}
+
+
+async def tunnel_ports_connect(
+    server: EngineServer, args: dict[str, Any], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """``ports.connect`` (ports.py): answer, then the connection is a byte relay to the sandbox's port."""
+    try:
+        connected = await server.engine.connect_port(args.get("id"), args.get("port"))
+    except EngineError as error:
+        writer.write(encode_json({"ok": False, "error": error.to_dict()}))
+        await writer.drain()
+        return
+    writer.write(encode_json({"ok": True, "result": {"relay": True, "port": args.get("port")}}))
+    await ports.relay(reader, writer, connected)
+
+
 OPS: dict[str, Handler] = {
     "ping": op_ping,
     "info": op_info,
@@ -405,18 +622,34 @@ OPS: dict[str, Handler] = {
     "get": op_get,
     "list": op_list,
     "destroy": op_destroy,
+    "destroy_many": op_destroy_many,
     "pause": op_pause,
     "resume": op_resume,
     "stats": op_stats,
+    "update": op_update,
+    "network.set": op_network_set,
+    "network.set_many": op_network_set_many,
     "pools": op_pools,
+    "gateway.info": op_gateway_info,
+    "gateway.revoke": op_gateway_revoke,
     "pools.set": op_pools_set,
     "exec": op_exec,
+    "processes.start": op_processes_start,
+    "processes.list": op_processes_list,
+    "processes.get": op_processes_get,
+    "processes.signal": op_processes_signal,
+    "processes.wait": op_processes_wait,
+    "processes.input": op_processes_input,
+    "processes.resize": op_processes_resize,
+    "processes.attach": op_processes_attach,
     "files.read": op_files_read,
     "files.write": op_files_write,
     "files.list": op_files_list,
     "files.stat": op_files_stat,
     "files.remove": op_files_remove,
     "files.mkdir": op_files_mkdir,
+    "files.rename": op_files_rename,
+    "files.watch": op_files_watch,
     "files.download": op_files_download,
     "files.upload": op_files_upload,
     "templates.list": op_templates_list,
@@ -427,13 +660,23 @@ OPS: dict[str, Handler] = {
     "snapshots.create": op_snapshots_create,
     "snapshots.export": op_snapshots_export,
     "snapshots.import": op_snapshots_import,
+    "ports.wait": op_ports_wait,
+    "model_servers.ensure": op_model_servers_ensure,
+    "model_servers.remove": op_model_servers_remove,
+    "model_servers.list": op_model_servers_list,
 }
+# Operations that take the connection over: after their answer it carries raw bytes, then closes.
+TUNNEL_OPS = {"ports.connect": tunnel_ports_connect}
 BODY_OPS = {"files.write", "files.upload", "snapshots.import"}
+# Work that has no point once its caller is gone: it ends when the connection does.
+# (A wait or an attach ends; the process it watches runs on.)
+CALLER_BOUND_OPS = {"exec", "files.watch", "processes.wait", "processes.attach", "ports.wait"}
 
 
 class EngineServer:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, gateway: Gateway | None = None) -> None:
         self.engine = engine
+        self.gateway = gateway
         self.server: asyncio.AbstractServer | None = None
         self.tcp_server: asyncio.AbstractServer | None = None
         self.token = b""
@@ -488,17 +731,26 @@ class EngineServer:
                 await server.wait_closed()
 
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        header: bytes | None = None  # the next request's, if read while watching the last one's caller
         try:
             while True:
                 try:
-                    kind, payload = await read_frame(reader)
+                    kind, payload = await read_frame(reader, header)
                 except (asyncio.IncompleteReadError, ConnectionError):
                     return
+                header = None
                 if kind != JSON:
                     raise ProtocolError("a request starts with a JSON frame")
                 request = protocol.decode_json(payload)
                 op = request.get("op")
                 args = request.get("args") or {}
+                if isinstance(op, str) and op in TUNNEL_OPS and isinstance(args, dict):
+                    await TUNNEL_OPS[op](self, args, reader, writer)
+                    return
+                if op in CALLER_BOUND_OPS:
+                    header = await self._answer_while_caller_stays(op, args, writer, reader)
+                    await writer.drain()
+                    continue
                 body = Body(reader) if op in BODY_OPS else None
                 await self._answer(op, args, writer, body)
                 if body is not None:
@@ -514,11 +766,48 @@ class EngineServer:
             except Exception:  # noqa: BLE001
                 pass
 
+    async def _answer_while_caller_stays(
+        self, op: str, args: Any, writer: asyncio.StreamWriter, reader: asyncio.StreamReader
+    ) -> bytes | None:
+        """Answer, but end the work if the caller closes its connection first
+        (an exec's command is killed: execution.py).  While it runs, the
+        connection is watched for its end; should the caller send its next
+        request meanwhile, that request's header is returned to be read next
+        (readexactly takes all of a header or nothing, so cancelling the watch
+        loses no byte)."""
+        answer = asyncio.ensure_future(self._answer(op, args, writer, None))
+        watch = asyncio.ensure_future(reader.readexactly(HEADER.size))
+        try:
+            await asyncio.wait((answer, watch), return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            answer.cancel()
+            watch.cancel()
+            raise
+        if not watch.done():
+            watch.cancel()
+            try:
+                await watch
+            except asyncio.CancelledError:
+                pass
+            await answer
+            return None
+        try:
+            header = watch.result()
+        except (asyncio.IncompleteReadError, ConnectionError) as gone:
+            answer.cancel()
+            try:
+                await answer
+            except (asyncio.CancelledError, ConnectionError):
+                pass
+            raise ConnectionResetError("the caller went away") from gone
+        await answer  # the caller sent its next request early: it waits its turn
+        return header
+
     async def _answer(self, op: Any, args: Any, writer: asyncio.StreamWriter, body: Body | None) -> None:
         handler = OPS.get(op) if isinstance(op, str) else None
         try:
             if handler is None:
-                raise InvalidRequest(f"unknown operation {str(op)[:50]!r}", field="op", ops=sorted(OPS))
+                raise InvalidRequest(f"unknown operation {str(op)[:50]!r}", field="op", ops=sorted([*OPS, *TUNNEL_OPS]))
             if not isinstance(args, dict):
                 raise InvalidRequest("args must be an object", field="args")
             result = await handler(Call(self, args, writer, body))

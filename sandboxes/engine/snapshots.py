@@ -5,7 +5,9 @@ Taking one, in the order the code runs it:
 1. Check: the sandbox runs (or is paused); the name is free, or already
    names this sandbox's snapshot (a replay answers with it).
 2. Copy the sandbox's writable layer (init's fd 5) into a new directory
-   under the layers directory *while the sandbox runs*: the long part.  A
+   under the layers directory *while the sandbox runs*: the long part.
+   Owners are shifted from the sandbox's own uid range back to the layers'
+   range, so that a fork on any range sees them as the sandbox did.  A
    pass copies only what changed since the one before; passes repeat (up to
    three) until one finds under a MiB to copy.
 3. Freeze the sandbox (unless it was paused already) and copy again: only
@@ -37,22 +39,50 @@ import tarfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import AbstractAsyncContextManager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, Any, Protocol
 
-from . import faults, layers, services
+from . import faults, fork_services, layers
+from .cgroups import Cgroups
+from .config import EngineConfig
 from .errors import InvalidRequest, SandboxNotRunning, TemplateExists, TemplateNotFound
 from .recovery import init_alive
-from .store import TemplateRecord
-from .templates import layer_directory_name, validate_name
-
-if TYPE_CHECKING:
-    from .engine import Engine
+from .store import SandboxRecord, Store, TemplateRecord
+from .template_store import TemplateStore, layer_directory_name, validate_name
+from .trees import IdShift
 
 FLATTEN_AT = 4  # snapshot layers above the template before they are merged into one
 RUNNING_PASSES = 3  # copies while the sandbox runs, at most
 SETTLED_BYTES = 1 << 20  # a running pass that copied less than this: freeze now
 Progress = Callable[[dict[str, Any]], None]
+
+
+class SnapshotSource(Protocol):
+    """What taking and moving snapshots needs of the engine (``engine.Engine`` is
+    one).  A protocol rather than the engine itself, so that the engine imports
+    this module and not the other way round."""
+
+    @property
+    def config(self) -> EngineConfig: ...
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def templates(self) -> TemplateStore: ...
+
+    @property
+    def cgroups(self) -> Cgroups: ...
+
+    @property
+    def shift(self) -> IdShift: ...
+
+    def sandbox_shift(self, record: SandboxRecord) -> IdShift: ...
+
+    def find(self, sandbox_id: Any) -> SandboxRecord: ...
+
+    def exclusive(self, sandbox_id: str) -> AbstractAsyncContextManager[None]: ...
 
 
 def merged_services(parent: list[dict[str, Any]], added: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -61,7 +91,7 @@ def merged_services(parent: list[dict[str, Any]], added: list[dict[str, Any]]) -
 
 
 class Snapshots:
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: SnapshotSource) -> None:
         self.engine = engine
         self.config = engine.config
 
@@ -83,8 +113,8 @@ class Snapshots:
     async def take(self, args: dict[str, Any], progress: Progress) -> TemplateRecord:
         engine = self.engine
         name = validate_name(args.get("name"))
-        added = services.validate(args.get("services"))
-        record = engine._find(args.get("sandbox"))
+        added = fork_services.validate(args.get("services"))
+        record = engine.find(args.get("sandbox"))
         source = f"sandbox:{record.id}"
         existing = next((template for template in engine.templates.list() if template.name == name), None)
         if existing is not None:
@@ -102,19 +132,19 @@ class Snapshots:
                 f"sandbox {record.id} was made from {record.template!r}, which is gone: its layers cannot be named",
                 field="sandbox",
             ) from None
-        pending = engine.busy.get(record.id)
-        if pending is not None:
-            await asyncio.shield(pending)  # a create or destroy in flight finishes first
-        done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        engine.busy[record.id] = done  # destroy waits for us; so does another snapshot
-        try:
+        # A create or destroy in flight finishes first; a destroy or another
+        # snapshot waits for this one.
+        async with engine.exclusive(record.id):
             return await self._take(record, name, parent, merged_services(parent.services, added), source, progress)
-        finally:
-            engine.busy.pop(record.id, None)
-            done.set_result(None)
 
     async def _take(
-        self, record: Any, name: str, parent: TemplateRecord, wanted: list[dict[str, Any]], source: str, progress: Progress
+        self,
+        record: SandboxRecord,
+        name: str,
+        parent: TemplateRecord,
+        wanted: list[dict[str, Any]],
+        source: str,
+        progress: Progress,
     ) -> TemplateRecord:
         engine = self.engine
         proc = str(self.config.proc_dir)
@@ -128,7 +158,8 @@ class Snapshots:
                 raise SandboxNotRunning(f"sandbox {record.id} is not running", sandbox=record.id)
             dest = os.open(incoming, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
             try:
-                copy = layers.LayerCopy(engine.shift, max(record.disk_bytes, 1), progress)
+                # Owners come out of the sandbox's own range, into the layers'.
+                copy = layers.LayerCopy(engine.shift, max(record.disk_bytes, 1), progress, engine.sandbox_shift(record))
                 progress({"phase": "copy", "sandbox": record.id})
                 # Copy while it runs until a pass finds little left to copy:
                 # what a pass copies was changing during the one before.
@@ -177,6 +208,7 @@ class Snapshots:
             layers=stack,
             env=dict(parent.env),
             workdir=parent.workdir,
+            user=parent.user,
             source=source,
             size_bytes=copy.total_bytes,
             created_at=time.time(),
@@ -230,7 +262,7 @@ class Snapshots:
                 raise TemplateNotFound(f"layer {layer_id} of {name!r} is missing on this host", template=name)
 
         def chunks() -> Iterator[bytes]:
-            spool = layers._Spool()
+            spool = layers.Spool()
             archive = tarfile.open(
                 fileobj=spool, mode="w|", format=tarfile.PAX_FORMAT, encoding="utf-8", errors="surrogateescape"
             )  # type: ignore[call-overload]

@@ -18,13 +18,17 @@ native/zygote.c and native/confine.c):
    directory (sandboxes cannot see that path); make its ready pipe.
 2. spawner: send the zygote the sandbox's id, id range, cgroup(s) and root
    filesystem plan (:func:`.rootfs.plan`), with the socket and the pipe.
-3. zygote: ``clone()`` with new user, mount, pid, net, ipc and uts namespaces;
-   the child is at once PID 1 of its pid namespace, and our child.
+3. zygote: open the layers as detached mounts idmapped into the sandbox's
+   range; as the sandbox's root uid (so its user namespace is owned by its
+   range), ``clone()`` with new user, mount, pid, net, ipc and uts
+   namespaces; the child is at once PID 1 of its pid namespace, and our child.
 4. zygote: write the child's pid into its cgroup(s), then its uid and gid maps
-   (root inside = ``uid_base`` outside); answer with the pid; release it.
+   (root inside = ``uid_base`` outside, the sandbox's own range); answer
+   with the pid; release it.
 5. child: ``unshare(CLONE_NEWCGROUP)``, become root, hostname, the plan
-   (ending in ``pivot_root``), loopback, rlimits, capabilities,
-   ``no_new_privs``, seccomp; then it is init, with no exec.
+   (attaching the layers the zygote opened as idmapped mounts, ending in
+   ``pivot_root``), loopback, rlimits, capabilities, ``no_new_privs``,
+   seccomp; then it is init, with no exec.
 6. init: one byte on the ready pipe once it accepts exec requests.
 7. spawner: answer the engine with the pid and its start time.
 
@@ -80,12 +84,13 @@ MAX_REPORT = 8192
 class SpawnSpec:
     """What the engine asks for; parsed from its JSON request."""
 
-    __slots__ = ("sandbox_id", "uid_base", "uid_count", "cgroup_procs", "rootfs", "socket_path", "nofile")
+    __slots__ = ("sandbox_id", "uid_base", "uid_count", "layers_uid", "cgroup_procs", "rootfs", "socket_path", "nofile")
 
     def __init__(self, raw: dict[str, Any]) -> None:
         self.sandbox_id = str(raw["sandbox_id"])
-        self.uid_base = int(raw["uid_base"])
+        self.uid_base = int(raw["uid_base"])  # the sandbox's own range: root inside
         self.uid_count = int(raw["uid_count"])
+        self.layers_uid = int(raw.get("layers_uid", self.uid_base))  # the range that owns the layers
         self.cgroup_procs = tuple(str(path) for path in raw["cgroup_procs"])
         self.rootfs = rootfs.RootfsSpec(**{**raw["rootfs"], "lower": tuple(raw["rootfs"]["lower"])})
         self.socket_path = str(raw["socket_path"])
@@ -355,8 +360,10 @@ class Spawner:
                 spec.sandbox_id,
                 spec.uid_base,
                 spec.uid_count,
+                spec.layers_uid,
                 spec.nofile,
                 spec.cgroup_procs,
+                rootfs.layer_paths(spec.rootfs),
                 zygote.encoded_plan(spec.rootfs),
             )
         except ValueError as error:

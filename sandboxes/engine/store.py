@@ -13,6 +13,7 @@ other rows load as usual.
 from __future__ import annotations
 
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -22,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
+PRIVATE_FILE = 0o600
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -88,6 +90,31 @@ class SandboxRecord:
     paused_at: float = 0.0
     pool: str = ""  # "template/size" while waiting in a warm pool, "" once claimed
     key: str = ""  # the caller's idempotency key, if any
+    # Its init runs each command in a cgroup of its own (native/init.c's fourth
+    # fd); sandboxes an older engine made do not, and are not sent one.
+    exec_cgroups: bool = False
+    # Its init takes another command on a connection after answering 'W'
+    # (native/init.c), so the engine keeps connections to it between commands;
+    # an older engine's init takes one command per connection.
+    init_reuse: bool = False
+    # Its init starts a file writer on request (native/files.c), which makes the
+    # file API's changes as a process of the sandbox; for sandboxes an older
+    # engine made, the engine makes them itself.
+    init_files: bool = False
+    # Root inside is this host uid, the first of the sandbox's own range
+    # (uid_ranges.py); 0 for a sandbox an older engine made, whose root is
+    # uid_base, the layers' range.
+    root_uid: int = 0
+    # Whom its commands run as when an exec names no user: its template's
+    # default user (users.py), "" for root.
+    user: str = ""
+    # Destroyed after this many seconds without an exec or a file call (0: never);
+    # the clock restarts at every call, and at an engine start (an adopted
+    # sandbox's last call is not recorded: a restart counts as one).
+    idle_timeout_s: int = 0
+    # Its network (network.py), for a sandbox with a policy: slot, interface,
+    # addresses and the egress rules applied; {} for loopback only.
+    network: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_json(cls, raw: str) -> SandboxRecord:
@@ -124,6 +151,10 @@ class SandboxRecord:
             "ended_at": self.ended_at or None,
             "reason": self.reason or None,
             "key": self.key or None,
+            "idle_timeout_s": self.idle_timeout_s,
+            "network": {key: self.network.get(key) for key in ("address", "egress", "group")} if self.network else None,
+            # The memory group it shares a memory cgroup with (cgroups.py), if any.
+            "memory_group": self.cgroup.rpartition("/")[0].removeprefix("mg-") or None,
         }
 
 
@@ -146,6 +177,7 @@ class TemplateRecord:
     total_bytes: int = 0  # every layer below it too
     files: int = 0  # entries in its own layer
     paused_ms: float = 0.0  # how long the sandbox was frozen for it
+    user: str = ""  # whom an exec that names no user runs as (a name or uid of its /etc/passwd); "" for root
 
     @classmethod
     def from_json(cls, raw: str) -> TemplateRecord:
@@ -162,9 +194,13 @@ class Store:
     """Thread-safe: the engine's event loop and its worker threads share it."""
 
     def __init__(self, path: Path) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.path = path
         self._lock = threading.Lock()
+        # Root's alone (it holds every sandbox's env): made 0600 before SQLite
+        # opens it, which then gives its -wal and -shm files the same mode.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE))
+        os.chmod(path, PRIVATE_FILE)
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")

@@ -12,8 +12,11 @@ that are not UTF-8.  Two rules keep the engine inside:
 * a walk goes one directory fd at a time with ``O_NOFOLLOW``, so a directory
   replaced by a symlink fails to open instead of leading elsewhere.
 
-Ownership is shifted into the sandboxes' uid range: uid ``u`` in a tar or on
-the host becomes ``uid_base + u`` (and nobody beyond the range).
+Ownership is shifted by an :class:`IdShift`: uid ``u`` in a tar or on the
+host becomes ``base + u`` (and nobody beyond the range), ``base`` being the
+layers' range for a layer and a sandbox's own range for its tree.  Only the
+engine's own trees (layers) are changed here as root; a sandbox's are
+changed by the sandbox's file writer (sandbox_files.py).
 """
 
 from __future__ import annotations
@@ -39,6 +42,8 @@ from .kernel import (
 CHUNK = 256 * 1024
 NOBODY = 65534
 MAX_PATH = 4096
+MAX_DEPTH = 256  # directories deep a walk goes; real trees stay well under
+MAX_LISTED = 1_000_000  # entries of one directory a walk reads
 WHITEOUT_PREFIX = ".wh."
 OPAQUE_MARKER = ".wh..wh..opq"
 
@@ -75,6 +80,29 @@ class IdShift:
 
     def inside(self, outside_id: int) -> int:
         return outside_id - self.base if self.base <= outside_id < self.base + self.count else NOBODY
+
+
+def read_directory(dir_fd: int, path: str = ".") -> list[os.DirEntry[str]]:
+    """The entries of a directory that may change while it is read, once each.
+
+    A name read twice was renamed while we read (the kernel hands out a new
+    position for it): it is kept once.  Should reading go on and on (a
+    directory that changes faster than it can be read, or a kernel whose
+    readdir then never ends, as tmpfs's did before Linux 6.13), it stops once
+    it has read more duplicates than distinct names, with what it saw; past
+    ``MAX_LISTED`` distinct names it is an error.  Either way it ends.
+    """
+    entries: dict[str, os.DirEntry[str]] = {}
+    read = 0
+    with os.scandir(dir_fd) as iterator:
+        for item in iterator:
+            read += 1
+            entries.setdefault(item.name, item)
+            if len(entries) > MAX_LISTED:
+                raise TooLarge(f"{path} holds more than {MAX_LISTED} entries", path=path, limit=MAX_LISTED)
+            if read > 2 * len(entries) + 1024:
+                break  # changing faster than we read it: what we saw is what there is
+    return [entries[name] for name in sorted(entries)]
 
 
 def _entry_type(mode: int) -> str:
@@ -126,7 +154,9 @@ class Tree:
         if error.errno == errno.ENAMETOOLONG:
             return InvalidPath(f"path too long: {path[:200]}", path=path[:200])
         if error.errno in (errno.ENOSPC, errno.EDQUOT):
-            return TooLarge(f"the sandbox's disk is full writing {path}", path=path)
+            return TooLarge(f"the sandbox's disk is full (its size or its number of files) writing {path}", path=path)
+        if error.errno == errno.ENOMEM:
+            return TooLarge(f"the sandbox is out of memory writing {path}", path=path)
         return InvalidPath(f"{path}: {os.strerror(error.errno or errno.EIO)}", path=path)
 
     def parent(self, path: str) -> tuple[int, str]:
@@ -137,12 +167,14 @@ class Tree:
     # --- reading -------------------------------------------------------------
 
     def stat(self, path: str) -> dict[str, object]:
+        """The entry at ``path`` itself: a symlink is described (with its target), not followed."""
         fd = self.open(path, os.O_PATH | os.O_NOFOLLOW)
         try:
             info = os.fstat(fd)
+            link = os.readlink("", dir_fd=fd) if stat.S_ISLNK(info.st_mode) else None
         finally:
             os.close(fd)
-        return self._describe(os.path.basename(clean_path(path)), info)
+        return self._describe(os.path.basename(clean_path(path)), info, link)
 
     def _describe(self, name: str, info: os.stat_result, link: str | None = None) -> dict[str, object]:
         entry: dict[str, object] = {
@@ -280,6 +312,23 @@ class Tree:
             os.close(fd)
         return written
 
+    def replace_file(self, relative: str, chunks: Callable[[], Iterator[bytes]], mode: int, uid: int, gid: int,
+                     mtime: float) -> int:  # fmt: skip
+        """A tar member's file: it replaces a symlink or a file at its name
+        (and an empty directory) rather than writing through it."""
+        try:
+            self.remove(relative)
+        except (EngineError, OSError):
+            pass  # nothing there, or a directory: write() reports the latter
+        return self.write(relative, chunks, mode, uid, gid, mtime=mtime)
+
+    def set_directory_mode(self, relative: str, mode: int) -> None:
+        fd = self.open(relative, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fchmod(fd, mode)
+        finally:
+            os.close(fd)
+
     def symlink(self, path: str, target: str, uid: int = 0, gid: int = 0) -> None:
         parent_fd, name = self.parent(path)
         try:
@@ -311,6 +360,10 @@ class Tree:
             raise self._translate(error, path) from None
         finally:
             os.close(parent_fd)
+
+    def rename(self, path: str, target: str, replace: bool = False) -> None:
+        """Only a sandbox's file writer renames (sandbox_files.py)."""
+        raise InvalidPath("this sandbox was made by an older engine: its files cannot be renamed", path=path)
 
     def clear_directory(self, path: str) -> None:
         """Remove everything inside ``path`` (an OCI opaque directory)."""
@@ -357,7 +410,7 @@ class Tree:
             info = os.fstat(fd)
             base = "." if relative == "." else os.path.basename(relative)
             if stat.S_ISDIR(info.st_mode):
-                yield from self._tar_directory(fd, base, info)
+                yield from self._tar_directory(fd, base, info, 0)
             elif stat.S_ISREG(info.st_mode):
                 os.set_blocking(fd, True)
                 yield from self._tar_file(fd, base, info)
@@ -391,10 +444,11 @@ class Tree:
         if padding:
             yield tarfile.NUL * padding
 
-    def _tar_directory(self, dir_fd: int, name: str, info: os.stat_result) -> Iterator[bytes]:
+    def _tar_directory(self, dir_fd: int, name: str, info: os.stat_result, depth: int) -> Iterator[bytes]:
+        if depth > MAX_DEPTH:
+            raise TooLarge(f"{display_name(name)} nests directories more than {MAX_DEPTH} deep", limit=MAX_DEPTH)
         yield self._header(name, info, tarfile.DIRTYPE)
-        with os.scandir(dir_fd) as iterator:
-            names = sorted(item.name for item in iterator)
+        names = [item.name for item in read_directory(dir_fd, display_name(name))]
         for child in names:
             child_name = f"{name}/{child}"
             try:
@@ -402,8 +456,11 @@ class Tree:
             except OSError:
                 continue
             mode = child_info.st_mode
-            if stat.S_ISDIR(mode) and mount_id(dir_fd, child) != self.root_mount:
-                continue  # a mount point inside the tree (/proc, /dev): not part of it
+            try:
+                if stat.S_ISDIR(mode) and mount_id(dir_fd, child) != self.root_mount:
+                    continue  # a mount point inside the tree (/proc, /dev): not part of it
+            except KernelError:
+                continue  # gone (renamed, removed) since we looked
             if stat.S_ISLNK(mode):
                 try:
                     target = os.readlink(child, dir_fd=dir_fd)
@@ -422,7 +479,7 @@ class Tree:
                     if (opened.st_ino, opened.st_dev) != (child_info.st_ino, child_info.st_dev):
                         continue
                     if stat.S_ISDIR(mode):
-                        yield from self._tar_directory(child_fd, child_name, opened)
+                        yield from self._tar_directory(child_fd, child_name, opened, depth + 1)
                     else:
                         os.set_blocking(child_fd, True)
                         yield from self._tar_file(child_fd, child_name, opened)
@@ -490,11 +547,7 @@ class Tree:
             self.make_directories(parent)
         if member.isdir():
             self.make_directories(relative, 0o755, member.uid, member.gid)
-            fd = self.open(relative, os.O_RDONLY | os.O_DIRECTORY)
-            try:
-                os.fchmod(fd, member.mode & 0o1777)
-            finally:
-                os.close(fd)
+            self.set_directory_mode(relative, member.mode & 0o1777)
             counts["directories"] += 1
         elif member.isreg():
             source = archive.extractfile(member)
@@ -504,11 +557,7 @@ class Tree:
                 while chunk := source.read(CHUNK):
                     yield chunk
 
-            try:
-                self.remove(relative)  # a symlink or an old file at this name
-            except (EngineError, OSError):
-                pass  # nothing there, or a directory: write() reports the latter
-            counts["bytes"] += self.write(relative, chunks, member.mode, member.uid, member.gid, mtime=member.mtime)
+            counts["bytes"] += self.replace_file(relative, chunks, member.mode, member.uid, member.gid, member.mtime)
             counts["files"] += 1
         elif member.issym():
             self.symlink(relative, member.linkname, member.uid, member.gid)

@@ -56,10 +56,21 @@ def encoded_plan(spec: rootfs.RootfsSpec) -> bytes:
 
 
 def encode_spawn(
-    token: int, hostname: str, uid_base: int, uid_count: int, nofile: int, cgroup_procs: Sequence[str], plan: bytes
+    token: int,
+    hostname: str,
+    uid_base: int,
+    uid_count: int,
+    layers_uid: int,
+    nofile: int,
+    cgroup_procs: Sequence[str],
+    layers: Sequence[str],
+    plan: bytes,
 ) -> bytes:
-    head = encode_fields(["spawn", token, hostname, uid_base, uid_count, nofile, len(cgroup_procs), *cgroup_procs])
-    return head + plan
+    """``uid_base``: the sandbox's own range (root inside); ``layers_uid``: the
+    range that owns ``layers`` (host paths, topmost first) on disk."""
+    fields: list[str | int] = ["spawn", token, hostname, uid_base, uid_count, layers_uid, nofile]
+    fields += [len(cgroup_procs), *cgroup_procs, len(layers), *layers]
+    return encode_fields(fields) + plan
 
 
 def _split(raw: bytes) -> list[str]:

@@ -64,3 +64,82 @@ def test_v2_membership_freeze_kill_and_removal():
         if (driver.parent / name).exists():
             os.rmdir(driver.parent / name)
         os.rmdir(driver.parent)
+
+
+def test_v2_exec_cgroups_hold_what_a_command_started_and_die_with_it():
+    """A cgroup per exec (cgroups.py): what joins it is counted with the
+    sandbox's, killed with ``kill_exec``, and removed with the sandbox."""
+    root = _v2_root()
+    driver = CgroupsV2(
+        EngineConfig(cgroup_root=root, cgroup_parent=f"forkyard-v2-{uuid.uuid4().hex[:6]}"),
+        require_controllers=root == Path("/sys/fs/cgroup"),
+    )
+    driver.setup()
+    name = "fy-v2exec"
+    driver.create(name, Limits(cpu=0.5, memory_bytes=64 << 20, pids=32))
+    procs = driver.create_exec(name, "x-test")
+    assert driver.exec_empty(name, "x-test")
+    workers = [subprocess.Popen(["sleep", "600"]) for _ in range(2)]
+    try:
+        for worker in workers:
+            Path(procs).write_text(str(worker.pid))
+        assert not driver.exec_empty(name, "x-test"), "a kept exec cgroup that holds a process is not reused"
+        assert driver.pids(name) == sorted(worker.pid for worker in workers), "counted as the sandbox's"
+        assert sorted(driver.exec_pids(name, "x-test")) == sorted(worker.pid for worker in workers), "a process finds its own"
+        assert not driver.remove_exec(name, "x-test"), "removed while it holds processes"
+        assert driver.kill_exec(name, "x-test") == 2
+        for worker in workers:
+            worker.wait(10)
+        assert driver.exec_empty(name, "x-test")
+        assert driver.remove_exec(name, "x-test")
+        assert not driver.exec_empty(name, "x-test"), "one that is gone is not reused either"
+        driver.create_exec(name, "x-left")
+        driver.remove(name)  # an exec cgroup left behind goes with its sandbox
+        assert not (driver.parent / name).exists()
+    finally:
+        for worker in workers:
+            if worker.poll() is None:
+                worker.kill()
+                worker.wait()
+        for leftover in (driver.parent / name / "x-test", driver.parent / name / "x-left", driver.parent / name):
+            if leftover.exists():
+                os.rmdir(leftover)
+        os.rmdir(driver.parent)
+
+
+def test_v2_a_memory_group_holds_its_members_each_in_a_cgroup_of_its_own():
+    root = _v2_root()
+    full = root == Path("/sys/fs/cgroup")
+    driver = CgroupsV2(
+        EngineConfig(cgroup_root=root, cgroup_parent=f"forkyard-v2-{uuid.uuid4().hex[:6]}"), require_controllers=full
+    )
+    driver.setup()
+    names = ["mg-g1/fy-v2a", "mg-g1/fy-v2b"]
+    workers = []
+    try:
+        for name in names:
+            [procs] = driver.create(name, Limits(cpu=0.5, memory_bytes=64 << 20, pids=32), group_memory_bytes=128 << 20)
+            workers.append(subprocess.Popen(["sleep", "60"]))
+            Path(procs).write_text(str(workers[-1].pid))
+        assert driver.names() == names and driver.groups() == ["mg-g1"]
+        assert driver.pids(names[0]) == [workers[0].pid], "a member's processes are its own, not its group's"
+        if full:
+            group = driver.group_directory("mg-g1")
+            assert (group / "memory.max").read_text().strip() == str(128 << 20)
+            assert "memory" not in (group / "cgroup.subtree_control").read_text().split(), "members share the group's"
+            assert (driver.parent / names[0] / "pids.max").read_text().strip() == "32"
+        driver.freeze(names[0], True)
+        assert "frozen 1" in (driver.parent / names[0] / "cgroup.events").read_text()
+        assert "frozen 0" in (driver.parent / names[1] / "cgroup.events").read_text(), "the freeze reached a group mate"
+        driver.freeze(names[0], False)
+        driver.remove(names[0])
+        assert not driver.remove_empty_group("mg-g1"), "removed while a member was left"
+        driver.remove(names[1])
+        assert driver.remove_empty_group("mg-g1") and driver.groups() == []
+    finally:
+        for worker in workers:
+            worker.kill()
+        for name in names:
+            driver.remove(name)
+        driver.remove_empty_group("mg-g1")
+        os.rmdir(driver.parent)

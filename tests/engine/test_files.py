@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import io
 import os
+import socket
 import tarfile
+import threading
 from pathlib import Path
 
 import pytest
 
 from sandboxes.engine import errors
+from sandboxes.engine.protocol import encode_json
 
 pytestmark = pytest.mark.root
 
@@ -204,3 +207,78 @@ def test_writes_never_reach_the_template_layer(engine_process, engine, sandbox):
         assert engine.exec(other, "ls /").exit_code == 0
     finally:
         engine.destroy(other)
+
+
+# --- downloads of trees that change under them: each ends, with a tar or an error -----------------------
+
+
+def _download_or_error(engine_process, sandbox: str, path: str, timeout_s: float = 120.0) -> bytes | errors.EngineError:
+    """One download in a thread; the timeout is the failure signal ("it hung"), not a speed check."""
+    outcome: list[bytes | errors.EngineError] = []
+
+    def run() -> None:
+        with engine_process.client(timeout_s=timeout_s) as client:
+            try:
+                outcome.append(b"".join(client.download(sandbox, path)))
+            except errors.EngineError as error:
+                outcome.append(error)
+
+    worker = threading.Thread(target=run, daemon=True)
+    worker.start()
+    worker.join(timeout_s)
+    assert not worker.is_alive() and outcome, f"the download of {path} never ended"
+    return outcome[0]
+
+
+@pytest.fixture
+def probed(engine, sandbox, probe_binary: Path) -> str:
+    engine.write_file(sandbox, "/probe", probe_binary.read_bytes(), mode=0o755)
+    return sandbox
+
+
+def test_a_tree_renamed_and_made_again_while_it_is_downloaded(engine_process, engine, probed):
+    started = engine.exec(probed, "setsid /probe churn /t </dev/null >/tmp/churn.out 2>&1 & sleep 0.2; cat /tmp/churn.out")
+    assert b"RESULT OK" in started.stdout, started
+    endings = {"tar": 0, "error": 0}
+    for _ in range(20):
+        outcome = _download_or_error(engine_process, probed, "/t")
+        if isinstance(outcome, errors.EngineError):
+            endings["error"] += 1
+            continue
+        endings["tar"] += 1
+        # Whatever the walk saw, it is a whole archive: every member and its content.
+        with tarfile.open(fileobj=io.BytesIO(outcome)) as archive:
+            for member in archive.getmembers():
+                if member.isfile():
+                    content = archive.extractfile(member).read()
+                    assert len(content) == member.size
+    assert sum(endings.values()) == 20, endings
+
+
+def test_a_tree_too_deep_to_walk_ends_with_an_error_that_says_so(engine_process, engine, probed):
+    nested = engine.exec(probed, ["/probe", "nest", "/n", "400"])
+    assert b"RESULT OK" in nested.stdout, nested
+    outcome = _download_or_error(engine_process, probed, "/n")
+    assert isinstance(outcome, errors.TooLarge), outcome
+    assert "256 deep" in outcome.message
+
+
+def test_downloads_a_caller_stopped_reading_hold_up_no_other(engine_process, engine, sandbox):
+    """A caller that stops reading a stream holds none of the engine's threads:
+    more of them than the engine has threads, and another download still ends."""
+    engine.exec(sandbox, "mkdir -p /big && head -c 32000000 /dev/urandom > /big/blob")
+    stalled = []
+    for _ in range(min(32, (os.cpu_count() or 1) + 4) + 2):  # asyncio's default thread pool, and then some
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        connection.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        connection.connect(str(engine_process.config.socket_path))
+        connection.sendall(encode_json({"op": "files.download", "args": {"id": sandbox, "path": "/big"}}))
+        stalled.append(connection)  # and never read again
+    try:
+        engine.exec(sandbox, "echo small > /small")
+        outcome = _download_or_error(engine_process, sandbox, "/small", timeout_s=60)
+        assert isinstance(outcome, bytes), outcome
+        assert tarfile.open(fileobj=io.BytesIO(outcome)).extractfile("small").read() == b"small\n"
+    finally:
+        for connection in stalled:
+            connection.close()

@@ -79,6 +79,7 @@ KERNEL_SURFACE = [
     ("clock_settime", {"EFAULT"}),
     ("settimeofday", {"EFAULT"}),
     ("syslog", {"EINVAL"}),
+    ("modify_ldt", {"OK", "EFAULT"}),
     ("personality", {"OK"}),
 ]
 
@@ -155,6 +156,20 @@ def test_host_kernel_interfaces_are_masked(probed):
     assert inside(probed, "read_first_byte", "/proc/keys") in {"EMPTY", "ENOENT"}
 
 
+def test_the_kernels_crash_notes_address_is_masked(probed, probe_binary):
+    # World-readable on the host: the physical address of the kernel's crash
+    # notes, a step towards defeating its address randomization.
+    if not os.path.exists("/sys/kernel/vmcoreinfo"):
+        if os.environ.get("FORKYARD_CI"):
+            pytest.fail("this kernel has no /sys/kernel/vmcoreinfo to mask")
+        pytest.skip("this kernel has no /sys/kernel/vmcoreinfo")
+    assert on_host(probe_binary, "read_first_byte", "/sys/kernel/vmcoreinfo") == "OK"
+    assert inside(probed, "read_first_byte", "/sys/kernel/vmcoreinfo") == "EMPTY"
+    client, sandbox = probed
+    mounts = client.exec(sandbox, "cat /proc/self/mountinfo").stdout.decode()
+    assert " /sys/kernel/vmcoreinfo " in mounts
+
+
 def test_host_devices_are_absent(probed):
     for path in ("/dev/mem", "/dev/kmsg", "/dev/kvm", "/dev/sda", "/dev/vda", "/dev/loop0"):
         assert inside(probed, "open_read", path) == "ENOENT", path
@@ -213,14 +228,18 @@ def test_hostname_is_the_sandbox_id(probed):
 
 def test_root_inside_is_an_unprivileged_uid_outside(probed, engine_process):
     client, sandbox = probed
+    config = engine_process.config
     assert client.exec(sandbox, "id -u").stdout.strip() == b"0"
     uid_map = client.exec(sandbox, "cat /proc/self/uid_map").stdout.split()
-    assert uid_map == [b"0", str(engine_process.config.uid_base).encode(), str(engine_process.config.uid_count).encode()]
+    # Its own range (test_uid_ranges.py): above the layers' range, one of uid_count ids.
+    own = int(uid_map[1])
+    assert uid_map[0::2] == [b"0", str(config.uid_count).encode()]
+    assert own > config.uid_base and (own - config.uid_base) % config.uid_count == 0
     # A process in the sandbox, seen from the host, runs as that unprivileged uid.
     started = client.exec(sandbox, "sleep 30 >/dev/null 2>&1 & echo started")
     assert started.exit_code == 0
-    holders = subprocess.run(["pgrep", "-u", str(engine_process.config.uid_base), "-x", "sleep"], capture_output=True, text=True)
-    assert holders.stdout.split(), "the sandbox's sleep is not running as uid_base on the host"
+    holders = subprocess.run(["pgrep", "-u", str(own), "-x", "sleep"], capture_output=True, text=True)
+    assert holders.stdout.split(), "the sandbox's sleep is not running as its root's host uid"
 
 
 def test_posture_of_an_exec_process(probed):

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests.support.leaks import snapshot_host
+from tests.engine.engines import snapshot_host
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 
@@ -44,3 +44,5 @@ def test_create_exec_destroy_cycles_leak_nothing(engine_process):
         info = client.info()
         assert info["sandboxes"] == 0
         assert info["counters"]["create_failed"] == 0
+        # Every sandbox's uid range was given back (resting or free, none held).
+        assert info["uid_ranges"]["held"] == 0, info["uid_ranges"]

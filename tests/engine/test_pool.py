@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 from sandboxes.engine import errors
+from sandboxes.engine.cgroups import detect
+from sandboxes.engine.sizes import DEFAULT_SIZES, MEBIBYTE
 from tests.support.engine import EngineProcess
 
 pytestmark = pytest.mark.root
@@ -61,6 +63,42 @@ def test_explicit_size_or_id_bypasses_the_pool(pooled_engine: EngineProcess):
         assert named["id"] == "chosen-by-caller"
         assert client.info()["pool_claims"] == 0
         for sandbox in (custom, named):
+            client.destroy(sandbox["id"])
+
+
+def _cgroup_value(engine: EngineProcess, sandbox_id: str, *names: str) -> int:
+    """The first of ``names`` found in the sandbox's cgroup directories (v1 and v2 name limits differently)."""
+    for directory in detect(engine.config).directories(f"fy-{sandbox_id}"):
+        for name in names:
+            if (directory / name).exists():
+                return int((directory / name).read_text().split()[0])
+    raise AssertionError(f"no {' or '.join(names)} in the cgroup of {sandbox_id}")
+
+
+def test_a_size_given_with_its_own_shape_is_that_size_and_claims_from_its_pool(pooled_engine: EngineProcess):
+    tiny = DEFAULT_SIZES["tiny"]
+    with pooled_engine.client() as client:
+        wait_ready(client, 3)
+        # What the control plane sends for every create: the name and the shape.
+        sandbox = client.create(template="base", size="tiny", cpu=float(tiny.cpu), memory_mib=tiny.memory_mib)
+        assert client.info()["pool_claims"] == 1
+        assert (sandbox["size"], sandbox["cpu"], sandbox["memory_mib"]) == ("tiny", tiny.cpu, tiny.memory_mib)
+        assert _cgroup_value(pooled_engine, sandbox["id"], "pids.max") == tiny.pids
+        client.destroy(sandbox["id"])
+
+
+def test_a_size_given_with_another_shape_gets_that_shape_and_never_a_pooled_sandbox(pooled_engine: EngineProcess):
+    with pooled_engine.client() as client:
+        wait_ready(client, 3)
+        sandbox = client.create(template="base", size="tiny", cpu=0.5, memory_mib=96)
+        try:
+            assert client.info()["pool_claims"] == 0
+            assert client.call("pools")["pools"]["base/tiny"]["ready"] == 3
+            assert (sandbox["size"], sandbox["cpu"], sandbox["memory_mib"]) == ("tiny", 0.5, 96)
+            assert _cgroup_value(pooled_engine, sandbox["id"], "memory.max", "memory.limit_in_bytes") == 96 * MEBIBYTE
+            assert _cgroup_value(pooled_engine, sandbox["id"], "pids.max") == 192  # an explicit shape's: 2 per MiB
+            assert client.exec(sandbox["id"], "true").exit_code == 0
+        finally:
             client.destroy(sandbox["id"])
 
 

@@ -186,3 +186,40 @@ def test_template_errors(engine, tmp_path):
         engine.import_template("base", str(tmp_path))
     with pytest.raises(errors.TemplateNotFound):
         engine.call("templates.get", name="never")
+
+
+def test_a_templates_default_user_runs_its_commands(engine, tmp_path):
+    source = tmp_path / "with-user"
+    (source / "bin").mkdir(parents=True)
+    (source / "etc").mkdir()
+    shutil.copy2("/bin/busybox", source / "bin" / "busybox")
+    for applet in ("sh", "id"):
+        (source / "bin" / applet).symlink_to("busybox")
+    (source / "etc" / "passwd").write_text("root:x:0:0::/root:/bin/sh\ntrainer:x:1000:1000::/home/trainer:/bin/sh\n")
+    record = engine.import_template("with-user", str(source), user="trainer")
+    assert record["user"] == "trainer"
+    sandbox = engine.create(template="with-user", size="tiny")["id"]
+    try:
+        # No user: the template's; a user given: that one (root included).
+        assert engine.exec(sandbox, "id -u; echo $HOME").stdout == b"1000\n/home/trainer\n"
+        assert engine.exec(sandbox, "id -u", user="root").stdout == b"0\n"
+        # A snapshot keeps it, and so do its forks.
+        snapshot = engine.call("snapshots.create", sandbox=sandbox, name="with-user-snap")
+        fork = engine.create(template=snapshot["name"], size="tiny")["id"]
+        try:
+            assert engine.exec(fork, "id -u").stdout == b"1000\n"
+        finally:
+            engine.destroy(fork)
+    finally:
+        engine.destroy(sandbox)
+    with pytest.raises(errors.InvalidRequest):
+        engine.import_template("bad-user", str(source), user="not a name")
+
+
+def test_an_images_user_becomes_the_default_user():
+    from sandboxes.engine.template_store import TemplateStore
+
+    assert TemplateStore._image_user({"config": {"User": "app:app"}}) == "app"
+    assert TemplateStore._image_user({"config": {"User": "1000"}}) == "1000"
+    assert TemplateStore._image_user({"config": {}}) == ""
+    assert TemplateStore._image_user({"config": {"User": "../../x"}}) == ""

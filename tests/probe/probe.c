@@ -12,6 +12,7 @@
  */
 #define _GNU_SOURCE
 #include <arpa/inet.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -21,6 +22,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <mqueue.h>
+#include <sys/inotify.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
 #include <sys/mount.h>
@@ -101,6 +104,107 @@ static int connect_tcp(const char *argument) {
     return report(connect(fd, (struct sockaddr *)&address, sizeof address));
 }
 
+/* The network benchmark's loads (bench/network_bench.py): COUNT connections one after the other, each
+ * sending a line (and, with a hello file, that file's bytes first) and reading the answer; or MIB
+ * mebibytes sent on one connection.  Each prints what it did and how long it took. */
+static double now_s(void) {
+    struct timespec at;
+    clock_gettime(CLOCK_MONOTONIC, &at);
+    return at.tv_sec + at.tv_nsec / 1e9;
+}
+
+static int open_to(const char *argument) {
+    char host[64];
+    strncpy(host, argument, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    char *colon = strchr(host, ':');
+    if (!colon) return -1;
+    *colon = 0;
+    struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons(atoi(colon + 1))};
+    inet_pton(AF_INET, host, &address.sin_addr);
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return -1;
+    if (connect(fd, (struct sockaddr *)&address, sizeof address) < 0) {
+        close(fd);
+        return -1;
+    }
+    return fd;
+}
+
+static int connect_many(const char *argument, int count, const char *hello_path) {
+    static char hello[16384];
+    ssize_t hello_size = 0;
+    if (hello_path && *hello_path) {
+        int file = open(hello_path, O_RDONLY);
+        if (file >= 0) {
+            hello_size = read(file, hello, sizeof hello);
+            close(file);
+        }
+    }
+    double started = now_s();
+    int done = 0, failed = 0;
+    for (int i = 0; i < count; i++) {
+        int fd = open_to(argument);
+        if (fd < 0) {
+            failed++;
+            continue;
+        }
+        char answer[256];
+        if ((hello_size > 0 && write(fd, hello, hello_size) != hello_size) || (hello_size <= 0 && write(fd, "ping\n", 5) != 5) ||
+            read(fd, answer, sizeof answer) <= 0)
+            failed++;
+        else
+            done++;
+        close(fd);
+    }
+    printf("CONNECTED %d FAILED %d SECONDS %.6f\n", done, failed, now_s() - started);
+    return failed ? 1 : 0;
+}
+
+static int send_mib(const char *argument, int mib) {
+    static char chunk[65536];
+    memset(chunk, 'x', sizeof chunk);
+    int fd = open_to(argument);
+    if (fd < 0) return report_errno(errno);
+    double started = now_s();
+    long long sent = 0, wanted = (long long)mib << 20;
+    while (sent < wanted) {
+        ssize_t written = write(fd, chunk, sizeof chunk);
+        if (written <= 0) break;
+        sent += written;
+    }
+    shutdown(fd, SHUT_WR);
+    char ack[64];
+    while (read(fd, ack, sizeof ack) > 0) {
+    }
+    printf("SENT %lld SECONDS %.6f\n", sent, now_s() - started);
+    close(fd);
+    return sent == wanted ? 0 : 1;
+}
+
+/* A UDP datagram to a.b.c.d:port (the network probes: UDP where only TCP is allowed). */
+static int udp_send(const char *argument, const char *message) {
+    char host[64];
+    strncpy(host, argument, sizeof host - 1);
+    host[sizeof host - 1] = 0;
+    char *colon = strchr(host, ':');
+    if (!colon) return report_errno(EINVAL);
+    *colon = 0;
+    struct sockaddr_in address = {.sin_family = AF_INET, .sin_port = htons(atoi(colon + 1))};
+    inet_pton(AF_INET, host, &address.sin_addr);
+    int fd = socket(AF_INET, SOCK_DGRAM, 0);
+    if (fd < 0) return report(fd);
+    return report(sendto(fd, message, strlen(message), 0, (struct sockaddr *)&address, sizeof address));
+}
+
+/* An ICMP echo socket, datagram (unprivileged) then raw: a sandbox may open neither. */
+static int icmp_socket(void) {
+    int fd = socket(AF_INET, SOCK_DGRAM, IPPROTO_ICMP);
+    if (fd >= 0) return report(fd);
+    fd = socket(AF_INET, SOCK_RAW, IPPROTO_ICMP);
+    return report(fd);
+}
+
 static int i386_syscall(void) {
     /* getpid through the 32-bit entry point: a different ABI the filter must refuse. */
     long result;
@@ -130,6 +234,41 @@ static int memory_hog(void) {
     }
 }
 
+/* Allocate and touch `mib` MiB, say so, then keep it until killed. */
+static int hold_memory(int mib) {
+    for (int index = 0; index < mib; index++) {
+        char *block = malloc(1 << 20);
+        if (!block) return report_errno(ENOMEM);
+        memset(block, 1, 1 << 20);
+    }
+    printf("RESULT OK\n");
+    fflush(stdout);
+    for (;;) pause();
+}
+
+/* Take a per-user kernel object until the kernel refuses one; report how
+ * many and why, then hold them until killed (another sandbox then probes). */
+__attribute__((noreturn)) static void hold_until_refused(const char *kind) {
+    int count = 0;
+    for (;;) {
+        int result;
+        if (!strcmp(kind, "inotify")) {
+            result = inotify_init1(IN_CLOEXEC);
+        } else {
+            char name[32];
+            snprintf(name, sizeof name, "/probe-held-%d", count);
+            result = (int)mq_open(name, O_CREAT | O_RDWR | O_CLOEXEC, 0600, NULL);
+        }
+        if (result < 0) break;
+        count++;
+    }
+    int saved = errno;
+    printf("COUNT %d\n", count);
+    report_errno(saved);
+    fflush(stdout);
+    for (;;) pause();
+}
+
 static int fd_exhaustion(void) {
     int count = 0;
     for (;;) {
@@ -154,6 +293,74 @@ static int list_fds(void) {
     return 0;
 }
 
+/* Remove a tree (no nftw: keep to what every libc has). */
+static void remove_tree(const char *path) {
+    DIR *directory = opendir(path);
+    if (!directory) {
+        unlink(path);
+        return;
+    }
+    struct dirent *entry;
+    char child[4096];
+    while ((entry = readdir(directory))) {
+        if (!strcmp(entry->d_name, ".") || !strcmp(entry->d_name, "..")) continue;
+        snprintf(child, sizeof child, "%s/%s", path, entry->d_name);
+        struct stat info;
+        if (lstat(child, &info) == 0 && S_ISDIR(info.st_mode)) remove_tree(child);
+        else unlink(child);
+    }
+    closedir(directory);
+    rmdir(path);
+}
+
+static void populate(const char *root) {
+    char path[4096];
+    mkdir(root, 0755);
+    for (int index = 0; index < 20; index++) {
+        snprintf(path, sizeof path, "%s/d%d", root, index);
+        mkdir(path, 0755);
+        for (int file = 0; file < 50; file++) {
+            snprintf(path, sizeof path, "%s/d%d/f%d", root, index, file);
+            int fd = open(path, O_CREAT | O_WRONLY | O_TRUNC, 0644);
+            if (fd >= 0) {
+                (void)!write(fd, path, strlen(path));
+                close(fd);
+            }
+        }
+    }
+}
+
+/* Hostile to whoever walks the tree: rename it away, make it again, remove
+ * the old one, forever (each file's content is its own path). */
+__attribute__((noreturn)) static void churn(const char *root) {
+    char old[4096];
+    snprintf(old, sizeof old, "%s.old", root);
+    populate(root);
+    printf("RESULT OK\n");
+    fflush(stdout);
+    for (;;) {
+        rename(root, old);
+        populate(root);
+        remove_tree(old);
+    }
+}
+
+/* Nest the tree one level deeper at a time (root becomes root/n), as a
+ * walker reads it, until it is `depth` deep. */
+static int nest(const char *root, int depth) {
+    char moved[4096], inner[4096];
+    snprintf(moved, sizeof moved, "%s.moving", root);
+    snprintf(inner, sizeof inner, "%s/n", root);
+    mkdir(root, 0755);
+    for (int level = 1; level < depth; level++) {
+        rename(root, moved);
+        mkdir(root, 0755);
+        rename(moved, inner);
+    }
+    printf("RESULT OK\n");
+    return 0;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         fprintf(stderr, "usage: probe <name> [argument]\n");
@@ -162,6 +369,11 @@ int main(int argc, char **argv) {
     const char *name = argv[1];
     const char *argument = argc > 2 ? argv[2] : "";
     setvbuf(stdout, NULL, _IOLBF, 0);
+
+    if (!strcmp(name, "connect_many")) return connect_many(argument, argc > 3 ? atoi(argv[3]) : 100, argc > 4 ? argv[4] : "");
+    if (!strcmp(name, "send_mib")) return send_mib(argument, argc > 3 ? atoi(argv[3]) : 64);
+    if (!strcmp(name, "udp_send")) return udp_send(argument, argc > 3 ? argv[3] : "datagram\n");
+    if (!strcmp(name, "icmp_socket")) return icmp_socket();
 
     /* Kernel surface (bad arguments: allowed => EFAULT/EINVAL, blocked => EPERM). */
     if (!strcmp(name, "mount")) return report(mount(BAD_POINTER, BAD_POINTER, BAD_POINTER, 0, NULL));
@@ -194,6 +406,8 @@ int main(int argc, char **argv) {
     if (!strcmp(name, "clock_settime")) return report(syscall(SYS_clock_settime, CLOCK_REALTIME, BAD_POINTER));
     if (!strcmp(name, "settimeofday")) return report(syscall(SYS_settimeofday, BAD_POINTER, NULL));
     if (!strcmp(name, "syslog")) return report(syscall(SYS_syslog, 999, NULL, 0));
+    /* Reading the LDT with a bad pointer: allowed => OK (no LDT) or EFAULT. */
+    if (!strcmp(name, "modify_ldt")) return report(syscall(SYS_modify_ldt, 0, BAD_POINTER, 16));
     if (!strcmp(name, "process_vm_readv")) return report(syscall(SYS_process_vm_readv, atoi(argument), NULL, 0, NULL, 0, 0));
     if (!strcmp(name, "mknod_char")) return report(mknod(argument, S_IFCHR | 0600, makedev(1, 3)));
     if (!strcmp(name, "tiocsti")) {
@@ -240,7 +454,22 @@ int main(int argc, char **argv) {
     if (!strcmp(name, "memory_hog")) return memory_hog();
     if (!strcmp(name, "fd_exhaustion")) return fd_exhaustion();
     if (!strcmp(name, "fds")) return list_fds();
+    if (!strcmp(name, "hold_memory")) return hold_memory(atoi(argument));
+
+    /* Per-user kernel limits (counted per host uid and user namespace owner). */
+    if (!strcmp(name, "inotify_init")) return report(inotify_init1(IN_CLOEXEC));
+    if (!strcmp(name, "mq_open")) {
+        mqd_t queue = mq_open("/probe-one", O_CREAT | O_RDWR | O_CLOEXEC, 0600, NULL);
+        if (queue != (mqd_t)-1) mq_unlink("/probe-one");
+        return report(queue == (mqd_t)-1 ? -1 : 0);
+    }
+    if (!strcmp(name, "hold_inotify")) hold_until_refused("inotify");
+    if (!strcmp(name, "hold_mqueues")) hold_until_refused("mqueue");
     if (!strcmp(name, "spin")) for (;;) {}
+
+    /* Trees that change under whoever reads them. */
+    if (!strcmp(name, "churn")) churn(argument);
+    if (!strcmp(name, "nest")) return nest(argument, argc > 3 ? atoi(argv[3]) : 1000);
 
     fprintf(stderr, "unknown probe %s\n", name);
     return 2;

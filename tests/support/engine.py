@@ -16,6 +16,7 @@ from sandboxes.engine.cgroups import detect
 from sandboxes.engine.client import EngineClient
 from sandboxes.engine.config import EngineConfig
 from sandboxes.engine.errors import Unavailable
+from sandboxes.engine.model_servers import stop_recorded
 from sandboxes.engine.recovery import reconcile
 from sandboxes.engine.store import open_store
 from tests.support.reaper import Reaper
@@ -31,10 +32,19 @@ class EngineProcess:
 
     def __init__(self, base_dir: Path, tag: str | None = None, warm_pools: str = "", env: dict[str, str] | None = None) -> None:
         self.warm_pools = warm_pools
-        self.extra_env = dict(env or {})  # FORKYARD_ENGINE_* settings of this engine's own
         self.tag = tag or uuid.uuid4().hex[:8]
+        self.extra_env = {
+            # Sandboxes with a network policy: a table and a /24 of their own, so engines of other tests
+            # (and a real engine on this machine) are untouched.
+            "FORKYARD_ENGINE_NETWORK_TABLE": f"fytest_{self.tag}",
+            "FORKYARD_ENGINE_NETWORK_POOL": f"198.19.{int(uuid.uuid4().hex[:2], 16)}.0/24",
+            # The names its sandboxes' resolvers answer (a test writes the file).
+            "FORKYARD_ENGINE_NETWORK_HOSTS": str(base_dir / "hosts"),
+            **(env or {}),  # FORKYARD_ENGINE_* settings of this engine's own
+        }
         self.base_dir = base_dir
-        self.config = EngineConfig(
+        self.config = EngineConfig.from_environment(
+            self.extra_env,
             state_dir=base_dir / "state",
             run_dir=base_dir / "run",
             cgroup_parent=f"forkyard-test-{self.tag}",
@@ -134,6 +144,7 @@ class EngineProcess:
         cgroups = detect(self.config)
         report, _ = reconcile(self.config, store, cgroups, adopt=False)
         store.close()
+        stop_recorded(self.config.state_dir)  # dedicated endpoints' servers outlive an engine by design
         if spawner:
             try:
                 os.kill(spawner, signal.SIGKILL)

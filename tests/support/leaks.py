@@ -147,7 +147,13 @@ def _snapshot(engine: EngineProcess) -> HostSnapshot:
     except FileNotFoundError:
         sockets = 0
     return HostSnapshot(
-        host_mounts=len(mountinfo),
+        # Only mounts this engine could make: other engines and test sessions mount and unmount meanwhile.
+        host_mounts=sum(
+            1
+            for line in mountinfo
+            if line.split()[4].startswith((str(config.state_dir), str(config.run_dir)))
+            or line.split(" - ")[1].split()[1] == "forkyard"
+        ),
         our_mounts=sum(1 for line in mountinfo if str(config.state_dir) in line),
         cgroups=len(detect(config).names()),
         sockets=sockets,

@@ -17,7 +17,7 @@ from pathlib import Path
 
 SOURCE_DIR = Path(__file__).resolve().parent
 BUILD_DIR = SOURCE_DIR / "build"
-SOURCES = ("zygote.c", "confine.c", "init.c", "message.c")
+SOURCES = ("zygote.c", "confine.c", "init.c", "files.c", "message.c")
 HEADERS = ("forkyard.h",)
 
 

@@ -10,8 +10,11 @@
  *     is the root of the cgroup tree we see (unsharing first would make the
  *     zygote's cgroup our root, and our own cgroup a path below it);
  *  3. become root of the user namespace; hostname = sandbox id;
- *  4. build the root filesystem by running the plan rootfs.py made, ending
- *     with pivot_root into it (run_plan);
+ *  4. build the root filesystem by running the plan rootfs.py made (the
+ *     layers come as detached idmapped mounts the zygote opened: attached
+ *     in our mount namespace, then overlay's lower layers), ending with
+ *     pivot_root into it (run_plan); drop the supplementary group that let
+ *     us pass through the state directory;
  *  5. bring up loopback; rlimits (nofile, no core dumps);
  *  6. drop every capability outside the kept set (bounding, ambient,
  *     effective, permitted, inheritable), no_new_privs, the seccomp filter;
@@ -58,6 +61,9 @@
 #ifndef MNT_DETACH
 #define MNT_DETACH 2
 #endif
+#ifndef MOVE_MOUNT_F_EMPTY_PATH
+#define MOVE_MOUNT_F_EMPTY_PATH 0x00000004
+#endif
 
 /* Beneath the directory, and never through a symlink: a template, or a
  * snapshot that sandbox code wrote, may plant /proc -> / to redirect a
@@ -80,6 +86,7 @@ struct capability_data {
 };
 
 static int report_fd = -1;
+static const struct spawn_request *spawning; /* the request this child was cloned for */
 
 /* --- failure ------------------------------------------------------------------ */
 
@@ -263,6 +270,28 @@ static void run_step(const struct step *step) {
         if (held_within.fd >= 0) close(held_within.fd);
         held_within.fd = -1;
         return;
+    case OP_ATTACH_LAYERS: {
+        /* The zygote opened each layer as a detached mount, shifted into our
+         * id range (it alone may make idmapped mounts: they need
+         * CAP_SYS_ADMIN over the layers' filesystem).  A detached mount of
+         * another mount namespace cannot be an overlay layer; attached here,
+         * in ours, it can.  Named 0, 1, ...: short lowerdir options. */
+        if (mkdir(step->target, 0700) < 0 && errno != EEXIST)
+            fail("build root filesystem: make the layers' directory", step->target, errno);
+        int directory = openat(AT_FDCWD, step->target, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        if (directory < 0) fail("build root filesystem: open the layers' directory", step->target, errno);
+        for (size_t index = 0; index < spawning->layer_count; index++) {
+            char name[24];
+            snprintf(name, sizeof name, "%zu", index);
+            if (mkdirat(directory, name, 0700) < 0 && errno != EEXIST)
+                fail("build root filesystem: make a layer's mount point", name, errno);
+            if (syscall(SYS_move_mount, spawning->layer_fds[index], "", directory, name, MOVE_MOUNT_F_EMPTY_PATH) < 0)
+                fail("build root filesystem: attach layer", spawning->layers[index], errno);
+            close(spawning->layer_fds[index]);
+        }
+        close(directory);
+        return;
+    }
     case OP_PIVOT:
         /* pivot_root(".", ".") stacks the old root on top of the new one at
          * the same place, so no directory for it is needed in the sandbox's
@@ -283,10 +312,19 @@ static void run_step(const struct step *step) {
 /* --- the process ----------------------------------------------------------------- */
 
 static void become_root(void) {
-    /* Raw system calls: libc's set*id would consult its thread list. */
+    /* Raw system calls: libc's set*id would consult its thread list.  The
+     * zygote's securebits kept its capabilities while it acted as our root;
+     * ours must be the usual ones (a setuid to non-root drops capabilities). */
+    if (prctl(PR_SET_SECUREBITS, 0, 0, 0, 0) < 0) fail("become root in the user namespace: securebits", "0", errno);
     if (syscall(SYS_setresgid, 0, 0, 0) < 0) fail("become root in the user namespace: setresgid", "0", errno);
-    if (syscall(SYS_setgroups, 0, NULL) < 0) fail("become root in the user namespace: setgroups", "", errno);
     if (syscall(SYS_setresuid, 0, 0, 0) < 0) fail("become root in the user namespace: setresuid", "0", errno);
+    /* The supplementary group the zygote gave us (the layers' range, which
+     * may pass through the state directory) stays until the root is built:
+     * dropped right after pivot_root (drop_groups). */
+}
+
+static void drop_groups(void) {
+    if (syscall(SYS_setgroups, 0, NULL) < 0) fail("drop supplementary groups", "", errno);
 }
 
 static void loopback_up(void) {
@@ -357,7 +395,8 @@ static void arrange_descriptors(const struct spawn_request *request) {
     if (syscall(SYS_close_range, FD_LISTEN + count, ~0U, 0) < 0) fail("arrange file descriptors: close", "", errno);
 }
 
-void confine_and_serve(const struct spawn_request *request, const struct confinement *confinement, int sync_fd) {
+void confine_and_serve(const struct spawn_request *request, const struct confinement *confinement, int sync_fd,
+                       void (*release_buffers)(void)) {
     report_fd = request->ready_fd;
     close(FD_SPAWNER);
     /* Never dumpable, from the first instruction: once sandbox code runs it
@@ -375,7 +414,9 @@ void confine_and_serve(const struct spawn_request *request, const struct confine
     if (sethostname(request->hostname, strlen(request->hostname)) < 0)
         fail("set hostname", request->hostname, errno);
     umask(0);
+    spawning = request;
     for (size_t index = 0; index < request->step_count; index++) run_step(&request->steps[index]);
+    drop_groups();
     loopback_up();
     set_limits(request->nofile);
     drop_capabilities(confinement->kept_capabilities);
@@ -384,6 +425,6 @@ void confine_and_serve(const struct spawn_request *request, const struct confine
     if (prctl(PR_SET_NAME, "forkyard-init", 0, 0, 0) < 0) fail("name init", "forkyard-init", errno);
     /* The request and the zygote's other buffers are ours alone from the
      * zygote's next request on: a few pages per sandbox, for nothing. */
-    zygote_release_memory();
+    release_buffers();
     _exit(init_serve());
 }

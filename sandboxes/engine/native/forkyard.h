@@ -19,6 +19,7 @@ enum { FD_LISTEN = 3, FD_READY = 4, FD_LAYER = 5 };
 enum {
     MAX_MESSAGE = 64 * 1024, /* one request from the spawner */
     MAX_CGROUPS = 16,
+    MAX_LAYERS = 128, /* lower layers of one sandbox (snapshots flatten well before) */
     MAX_STEPS = 128,
     MAX_FILTER = 4096, /* BPF_MAXINSNS */
     MAX_FIELD = 4096,  /* longest string field (a path) */
@@ -32,6 +33,7 @@ enum step_op {
     OP_CHDIR,          /* change directory (overlay lowerdirs are relative) */
     OP_ENTER_ROOT,     /* the target is the new root: relative targets live under it */
     OP_PIVOT,          /* pivot_root into the new root and detach the old one */
+    OP_ATTACH_LAYERS,  /* make the target directory and mount each layer on <target>/<n>, n = 0, 1, ... */
 };
 
 enum missing_policy { MISSING_FAIL, MISSING_SKIP, MISSING_CREATE };
@@ -64,18 +66,28 @@ struct confinement {
 struct spawn_request {
     const char *token;
     const char *hostname;
-    uint32_t uid_base, uid_count;
+    uint32_t uid_base, uid_count; /* root inside is uid_base outside: the sandbox's own range */
+    uint32_t layers_uid;          /* the range that owns the layers on disk (the sandboxes' group too) */
     uint64_t nofile;
     size_t cgroup_count;
     const char *cgroup_procs[MAX_CGROUPS];
+    size_t layer_count;
+    const char *layers[MAX_LAYERS]; /* host paths, topmost first */
     size_t step_count;
     struct step steps[MAX_STEPS];
     int listen_fd, ready_fd;
+    /* Detached mounts of the layers, shifted from layers_uid to uid_base
+     * (made by the zygote, which alone may; moved into place by the child). */
+    int layer_fds[MAX_LAYERS];
 };
 
-/* confine.c: runs in the cloned child; never returns. */
+/* confine.c: runs in the cloned child; never returns.  Once confined, the
+ * child no longer needs the zygote's buffers (the request and confinement
+ * among them): ``release_buffers`` gives their pages back.  A callback, so
+ * the confinement steps need know nothing of how the zygote keeps them. */
 __attribute__((noreturn)) void confine_and_serve(const struct spawn_request *request,
-                                                 const struct confinement *confinement, int sync_fd);
+                                                 const struct confinement *confinement, int sync_fd,
+                                                 void (*release_buffers)(void));
 
 /* message.c: one message and the descriptors that came with it. */
 enum { MAX_RECEIVED_FDS = 4 };
@@ -87,11 +99,11 @@ struct received {
 ssize_t receive_message(int socket, char *buffer, size_t size, int flags, struct received *fds);
 void close_received(struct received *fds);
 
-/* zygote.c: in a child, give back the pages of the zygote's request buffers
- * (the request and confinement above are among them: unusable after). */
-void zygote_release_memory(void);
-
 /* init.c: serve exec requests on FD_LISTEN until killed. */
 int init_serve(void);
+
+/* files.c: a child of init that makes the file API's changes in the sandbox,
+ * serving one connection from the engine, then exiting. */
+__attribute__((noreturn)) void files_serve(int connection);
 
 #endif

@@ -15,15 +15,34 @@
  *         that the engine can read it through /proc/<pid>/fd/5 for snapshots.
  *
  * Protocol, one message per packet (host byte order):
- *   request  'X' u8[3] u32 argc u32 envc, then cwd\0 argv[0]\0 ... env[0]\0 ...
- *            with SCM_RIGHTS carrying exactly three fds: stdin, stdout, stderr.
+ *   request  'X' u8 flags u8[2] u32 argc u32 envc u32 xflags, then (flags
+ *            EXEC_AS_USER) u32 uid u32 gid u32 ngroups u32 groups[ngroups],
+ *            then cwd\0 argv[0]\0 ... env[0]\0 ...
+ *            (xflags: X_TERMINAL, stdin is a terminal the command takes as its
+ *            controlling terminal; unknown bits are ignored)
+ *            with SCM_RIGHTS carrying three fds, stdin, stdout, stderr, and
+ *            optionally a fourth: the cgroup.procs of the command's own cgroup
+ *            (opened by the engine, as host root), which the command joins
+ *            before it execs, so that everything it starts can be found (and
+ *            killed) there, even what leaves its session with setsid.
  *   request  'K'  kill the running command's process group.
  *   request  'P'  ping; answered 'P' u32 number of running commands.
+ *   request  'F'  hand this connection to a new file writer (files.c): a
+ *                 child of init, so the files the engine writes are the
+ *                 sandbox's own in every count.  Answered 'F' i32 errno only
+ *                 if it could not be started; otherwise the writer answers.
  *   reply    'S' i32 pid          the command started (pid inside the sandbox)
- *   reply    'F' i32 errno u8 step  it could not start (step 'c' chdir, 'x' exec)
+ *   reply    'F' i32 errno u8 step  it could not start (step 'c' chdir, 'x' exec,
+ *                                  'g' join its cgroup, 't' take its terminal,
+ *                                  'u' become its user)
  *   reply    'W' i32 wait status  it ended
  * Closing the connection before 'W' kills the command's process group: an
  * exec never outlives the engine's interest in it.
+ *
+ * After 'W' the connection is idle again and takes the next 'X': the engine
+ * keeps a few such connections per sandbox rather than connect and close for
+ * every command (execution.py, InitConnections).  After 'F' (the command
+ * could not start) it takes nothing more: the engine closes it.
  *
  * Every byte of a request is validated; a malformed one closes its connection
  * and nothing else.  PID 1 has no signal handlers, so nothing inside the
@@ -37,17 +56,23 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/prctl.h>
 #include <sys/signalfd.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include "forkyard.h"
 
 enum { MAX_REQUEST = 256 * 1024, MAX_ARGS = 4096, PATH_BUFFER = 4096 };
+/* An exec as a user other than root: the ids (inside the sandbox's user
+ * namespace), its groups, set in the command's child before it execs. */
+enum { EXEC_AS_USER = 1, MAX_GROUPS = 256, MAX_SANDBOX_ID = 65535 };
 enum { CONN_IDLE, CONN_RUNNING, CONN_FAILED };
+enum { X_TERMINAL = 1 };
 
 static const char DEFAULT_PATH[] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
@@ -62,6 +87,11 @@ static size_t connection_count, connection_capacity;
 static char request[MAX_REQUEST + 1];
 static char *argv_buffer[MAX_ARGS + 1];
 static char *env_buffer[MAX_ARGS + 1];
+static struct {
+    int set;
+    uint32_t uid, gid, count;
+    gid_t groups[MAX_GROUPS];
+} identity;
 
 /* Written by the vfork child, read by the parent once the child has exec'd or
  * died: vfork shares our memory and suspends us until then. */
@@ -122,6 +152,24 @@ static void exec_command(char **argv, char **envp) {
 static int parse_request(size_t length, uint32_t argc, uint32_t envc, char **cwd) {
     if (argc == 0 || argc > MAX_ARGS || envc > MAX_ARGS) return -1;
     size_t offset = 16;
+    identity.set = (request[1] & EXEC_AS_USER) != 0;
+    if (request[1] & ~EXEC_AS_USER) return -1;
+    if (identity.set) {
+        uint32_t fields[3];
+        if (length < offset + sizeof fields) return -1;
+        memcpy(fields, request + offset, sizeof fields);
+        offset += sizeof fields;
+        identity.uid = fields[0], identity.gid = fields[1], identity.count = fields[2];
+        if (identity.uid > MAX_SANDBOX_ID || identity.gid > MAX_SANDBOX_ID || identity.count > MAX_GROUPS) return -1;
+        if (length < offset + identity.count * sizeof(uint32_t)) return -1;
+        for (uint32_t index = 0; index < identity.count; index++) {
+            uint32_t group;
+            memcpy(&group, request + offset, sizeof group);
+            offset += sizeof group;
+            if (group > MAX_SANDBOX_ID) return -1;
+            identity.groups[index] = group;
+        }
+    }
     size_t wanted = 1 + (size_t)argc + envc;
     char **slots[3] = {cwd, argv_buffer, env_buffer};
     for (size_t index = 0; index < wanted; index++) {
@@ -140,7 +188,7 @@ static int parse_request(size_t length, uint32_t argc, uint32_t envc, char **cwd
     return 0;
 }
 
-static void start_command(struct connection *conn, int *fds, char *cwd) {
+static void start_command(struct connection *conn, int *fds, char *cwd, uint32_t flags) {
     sigset_t empty;
     sigemptyset(&empty);
     child_errno = 0;
@@ -149,9 +197,32 @@ static void start_command(struct connection *conn, int *fds, char *cwd) {
     if (pid == 0) {
         /* The blocked SIGCHLD would otherwise survive exec. */
         sigprocmask(SIG_SETMASK, &empty, NULL);
+        /* Join the command's cgroup first, so that nothing it starts is
+         * outside it.  The kernel checks the opener's credentials (the
+         * engine's), not ours. */
+        if (fds[3] >= 0 && write(fds[3], "0", 1) != 1) {
+            child_errno = errno, child_step = 'g';
+            _exit(127);
+        }
         setsid();
         if (dup2(fds[0], 0) < 0 || dup2(fds[1], 1) < 0 || dup2(fds[2], 2) < 0) {
             child_errno = errno, child_step = 'x';
+            _exit(127);
+        }
+        /* A terminal (a background process's pty): the new session's
+         * controlling terminal, so that ^C and job control reach it. */
+        if ((flags & X_TERMINAL) && ioctl(0, TIOCSCTTY, 0) < 0) {
+            child_errno = errno, child_step = 't';
+            _exit(127);
+        }
+        /* Its user: groups, then gid, then uid (after which it holds no
+         * capability: the kernel clears them when every uid leaves 0).  Raw
+         * system calls: libc's set*id would signal other threads, and a
+         * vfork child must not. */
+        if (identity.set && (syscall(SYS_setgroups, (size_t)identity.count, identity.groups) < 0 ||
+                             syscall(SYS_setresgid, identity.gid, identity.gid, identity.gid) < 0 ||
+                             syscall(SYS_setresuid, identity.uid, identity.uid, identity.uid) < 0)) {
+            child_errno = errno, child_step = 'u';
             _exit(127);
         }
         if (chdir(cwd) < 0) {
@@ -185,6 +256,23 @@ static void kill_command(struct connection *conn) {
     }
 }
 
+/* A file writer for this connection (files.c): a raw clone, like fork (see
+ * confine.c on libc in a raw clone's child).  It inherits our cgroups,
+ * namespaces, root, credentials and seccomp filter: what it writes is
+ * charged to the sandbox, and it can reach only what the sandbox can. */
+static void start_files(struct connection *conn) {
+    long pid = syscall(SYS_clone, SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0) {
+        sigset_t empty;
+        sigemptyset(&empty);
+        sigprocmask(SIG_SETMASK, &empty, NULL);
+        /* The connection becomes fd 3; every other fd of ours is closed. */
+        if (dup2(conn->fd, FD_LISTEN) < 0 || syscall(SYS_close_range, FD_LISTEN + 1, ~0U, 0) < 0) _exit(1);
+        files_serve(FD_LISTEN);
+    }
+    if (pid < 0) send_reply(conn->fd, 'F', errno, 0);
+}
+
 static void drop_connection(size_t index) {
     kill_command(&connections[index]);
     close(connections[index].fd);
@@ -202,15 +290,20 @@ static int handle_message(struct connection *conn) {
     char op = request[0];
     if (received.truncated) {
         result = -1;
-    } else if (op == 'X' && conn->state == CONN_IDLE && fd_count == 3 && length >= 16) {
-        uint32_t argc, envc;
+    } else if (op == 'X' && conn->state == CONN_IDLE && (fd_count == 3 || fd_count == 4) && length >= 16) {
+        uint32_t argc, envc, flags;
         char *cwd = NULL;
+        int command_fds[4] = {fds[0], fds[1], fds[2], fd_count == 4 ? fds[3] : -1};
         memcpy(&argc, request + 4, sizeof argc);
         memcpy(&envc, request + 8, sizeof envc);
+        memcpy(&flags, request + 12, sizeof flags);
         if (parse_request((size_t)length, argc, envc, &cwd) == 0) {
-            start_command(conn, fds, cwd);
+            start_command(conn, command_fds, cwd, flags);
             result = 0;
         }
+    } else if (op == 'F' && conn->state == CONN_IDLE && fd_count == 0 && length == 1) {
+        /* The writer has the connection now: we drop our end of it. */
+        start_files(conn);
     } else if (op == 'K' && fd_count == 0) {
         kill_command(conn);
         result = 0;
@@ -232,9 +325,15 @@ static void reap_children(void) {
         for (size_t index = 0; index < connection_count; index++) {
             struct connection *conn = &connections[index];
             if (conn->pid != pid) continue;
-            if (conn->state == CONN_RUNNING) send_reply(conn->fd, 'W', status, 0);
             conn->pid = 0;
-            conn->state = CONN_FAILED;  /* one command per connection */
+            if (conn->state == CONN_RUNNING) {
+                /* Idle before the engine can read 'W': its next 'X' on this
+                 * connection finds it ready. */
+                conn->state = CONN_IDLE;
+                send_reply(conn->fd, 'W', status, 0);
+            } else {
+                conn->state = CONN_FAILED;
+            }
         }
     }
 }

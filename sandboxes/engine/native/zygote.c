@@ -15,18 +15,35 @@
  * writes them:
  *
  *   config  kept-capabilities                    + fd: the seccomp program
- *   spawn   token hostname uid-base uid-count nofile
+ *   spawn   token hostname uid-base uid-count layers-uid nofile
  *           cgroup-count cgroup.procs-path...
+ *           layer-count layer-path...
  *           step-count (op within target source fstype data flags mode missing)...
  *                                                + fds: listening socket, ready pipe
  * answered by
  *   ok      token pid
  *   error   token pid step errno target
  *
- * Per spawn, in order: clone(CLONE_PARENT | new user, mount, pid, net, ipc,
- * uts namespaces); write the child's pid into each of its cgroup(s); write
- * its uid and gid maps; answer `ok`; release the child (one byte on a
- * socket pair it waits on).  The child reports
+ * Each sandbox has a uid range of its own (uid-base, uid-count: root inside
+ * is uid-base outside), so that the kernel's per-user counts (inotify
+ * instances, message queue bytes, pipe buffers, user namespaces...) are its
+ * own.  The layers on disk belong to one range for all (layers-uid, also the
+ * group that may pass through the state directory); each sandbox sees them
+ * through idmapped mounts shifted into its own range: mounts, not copies,
+ * and no new superblock.
+ *
+ * Per spawn, in order: open each layer as a detached mount (open_tree),
+ * shift it from layers-uid to uid-base (mount_setattr, MOUNT_ATTR_IDMAP,
+ * with a user namespace made for the purpose and owned by uid-base); with
+ * uid-base as our effective uid (so that the sandbox's user namespace is
+ * *owned* by it: the kernel counts a user namespace's objects against its
+ * owner too, and with root as every sandbox's owner one sandbox's 128
+ * inotify instances starved every other sandbox and host root),
+ * clone(CLONE_PARENT | new user, mount, pid, net, ipc, uts namespaces); root
+ * again; write the child's pid into each of its cgroup(s); write its uid and
+ * gid maps; answer `ok`; release the child (one byte on a socket pair it
+ * waits on).  The child moves the layers into its own mount namespace
+ * (confine.c).  The child reports
  * its own failures on the ready pipe (confine.c).  CLONE_PARENT makes every
  * sandbox's init a child of the spawner, not of this process: the spawner
  * reaps them and reports their exits exactly as before, and this process
@@ -48,17 +65,19 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "forkyard.h"
 
+#define SECURE_NO_SETUID_FIXUP (1 << 2) /* linux/securebits.h: SECBIT_NO_SETUID_FIXUP */
 #define NAMESPACES (CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS)
 enum { REPLY_SIZE = 8192 };
 
 /* What we write for every request lives here, not on the stack, and
  * page-aligned: each child's copy of these pages becomes its own as soon as
  * we write the next request, so the child hands them back once it no longer
- * needs them (zygote_release_memory). */
+ * needs them (release_buffers). */
 struct reply {
     char buffer[REPLY_SIZE];
     size_t length;
@@ -81,6 +100,7 @@ static union {
     struct reply value;
     char pages[PAGE_ROUNDED(sizeof(struct reply))];
 } answer_pages OWN_PAGES;
+static void release_buffers(void);
 static struct spawn_request *const request = &request_pages.value;
 static struct confinement *const confinement = &confinement_pages.value;
 static struct reply *const answer = &answer_pages.value;
@@ -203,7 +223,7 @@ static const char *const OP_NAMES[] = {
     [OP_MOUNT] = "mount",           [OP_BIND_REMOUNT] = "bind-remount",
     [OP_MKDIR] = "mkdir",           [OP_KEEP_LAYER] = "keep-layer",
     [OP_CHDIR] = "chdir",           [OP_ENTER_ROOT] = "enter-root",
-    [OP_PIVOT] = "pivot",
+    [OP_PIVOT] = "pivot",           [OP_ATTACH_LAYERS] = "attach-layers",
 };
 static const char *const MISSING_NAMES[] = {
     [MISSING_FAIL] = "fail",
@@ -255,6 +275,7 @@ static const char *parse_step(struct cursor *cursor, struct step *step, int *see
         return NULL;
     case OP_KEEP_LAYER:
     case OP_CHDIR:
+    case OP_ATTACH_LAYERS:
         return absolute ? NULL : "step target";
     case OP_ENTER_ROOT:
         if (!absolute) return "step target";
@@ -278,6 +299,7 @@ static const char *parse_step(struct cursor *cursor, struct step *step, int *see
 static const char *parse_spawn(struct cursor *cursor) {
     uint64_t number;
     memset(request, 0, sizeof *request);
+    for (size_t index = 0; index < MAX_LAYERS; index++) request->layer_fds[index] = -1;
     request->token = take_string(cursor, 32);
     if (!request->token || !request->token[0]) return "token";
     for (const char *digit = request->token; *digit; digit++)
@@ -290,6 +312,9 @@ static const char *parse_spawn(struct cursor *cursor) {
     request->uid_count = (uint32_t)number;
     /* The map's last id must fit, and (uid_t)-1 is never a valid id. */
     if ((uint64_t)request->uid_base + request->uid_count > UINT32_MAX) return "uid_count";
+    if (take_number(cursor, UINT32_MAX, &number) < 0) return "layers_uid";
+    request->layers_uid = (uint32_t)number;
+    if ((uint64_t)request->layers_uid + request->uid_count > UINT32_MAX) return "layers_uid";
     if (take_number(cursor, 1 << 30, &request->nofile) < 0 || request->nofile == 0) return "nofile";
     if (take_number(cursor, MAX_CGROUPS, &number) < 0) return "cgroup count";
     request->cgroup_count = (size_t)number;
@@ -297,6 +322,13 @@ static const char *parse_spawn(struct cursor *cursor) {
         const char *path = take_string(cursor, MAX_FIELD);
         if (!path || path[0] != '/') return "cgroup path";
         request->cgroup_procs[index] = path;
+    }
+    if (take_number(cursor, MAX_LAYERS, &number) < 0) return "layer count";
+    request->layer_count = (size_t)number;
+    for (size_t index = 0; index < request->layer_count; index++) {
+        const char *path = take_string(cursor, MAX_FIELD);
+        if (!path || path[0] != '/') return "layer path";
+        request->layers[index] = path;
     }
     if (take_number(cursor, MAX_STEPS, &number) < 0) return "step count";
     request->step_count = (size_t)number;
@@ -358,6 +390,126 @@ static int is_type(int fd, mode_t type) {
     return fstat(fd, &info) == 0 && (info.st_mode & S_IFMT) == type;
 }
 
+/* Our effective ids, as the kernel uses them for what we create (a user
+ * namespace's owner is its creator's effective uid); real and saved stay 0,
+ * and SECBIT_NO_SETUID_FIXUP (set in main) keeps our capabilities. */
+static int act_as(uint32_t id) {
+    if (syscall(SYS_setresgid, -1, id, -1) < 0) return -1;
+    return (int)syscall(SYS_setresuid, -1, id, -1);
+}
+
+static void act_as_root(void) {
+    /* Cannot fail: our saved uid and gid are 0, and we hold CAP_SETUID/SETGID. */
+    (void)syscall(SYS_setresuid, -1, 0, -1);
+    (void)syscall(SYS_setresgid, -1, 0, -1);
+}
+
+/* A user namespace that exists only as an id mapping for idmapped mounts:
+ * ids inside..inside+count-1 are outside..outside+count-1.  It needs a
+ * process while its maps are written: a child that waits, then exits (it is
+ * reaped at the next spawn: waiting for it here would make every create
+ * wait for it to be scheduled). */
+static int make_id_mapping(uint32_t inside, uint32_t outside, uint32_t count, const char **step) {
+    int wait_end[2];
+    *step = "make layer id mapping";
+    if (pipe2(wait_end, O_CLOEXEC) < 0) return -1;
+    long pid = syscall(SYS_clone, CLONE_NEWUSER | SIGCHLD, 0, 0, 0, 0);
+    if (pid == 0) {
+        char byte;
+        close(wait_end[1]);
+        (void)!read(wait_end[0], &byte, 1);
+        _exit(0);
+    }
+    int saved = errno, fd = -1;
+    close(wait_end[0]);
+    if (pid > 0) {
+        char path[64], text[64];
+        snprintf(text, sizeof text, "%u %u %u\n", inside, outside, count);
+        static const char *const maps[] = {"uid_map", "gid_map"};
+        int index = 0;
+        for (; index < 2; index++) {
+            snprintf(path, sizeof path, "/proc/%d/%s", (int)pid, maps[index]);
+            if (write_all(path, text) < 0) break;
+        }
+        if (index == 2) {
+            snprintf(path, sizeof path, "/proc/%d/ns/user", (int)pid);
+            fd = openat(AT_FDCWD, path, O_RDONLY | O_CLOEXEC);
+        }
+        saved = errno;
+    }
+    close(wait_end[1]); /* the child reads EOF and exits: reaped later (reap_helpers), not waited for */
+    errno = saved;
+    return fd;
+}
+
+/* Our own children are only these helpers (a sandbox's child is the
+ * spawner's, CLONE_PARENT): collect those that have exited. */
+static void reap_helpers(void) {
+    while (waitpid(-1, NULL, WNOHANG) > 0) {}
+}
+
+/* open_tree(2), mount_setattr(2): musl has no wrappers. */
+struct mount_attributes {
+    uint64_t set, clear, propagation, userns_fd;
+};
+#define OPEN_TREE_CLONE_FLAG 1
+#define MOUNT_ATTR_IDMAP_FLAG 0x00100000
+
+static void close_layers(void) {
+    for (size_t index = 0; index < request->layer_count; index++) {
+        if (request->layer_fds[index] >= 0) close(request->layer_fds[index]);
+        request->layer_fds[index] = -1;
+    }
+}
+
+/* Each layer as a detached mount, shifted from layers_uid to uid_base (the
+ * child moves them into its mount namespace).  Runs as uid_base: the id
+ * mapping's user namespace is then the sandbox's, in the kernel's counts. */
+static int open_layers(const char **step, char *target, size_t target_size) {
+    int mapping = -1;
+    if (request->layers_uid != request->uid_base) {
+        mapping = make_id_mapping(request->layers_uid, request->uid_base, request->uid_count, step);
+        if (mapping < 0) {
+            snprintf(target, target_size, "%u", request->uid_base);
+            return -1;
+        }
+    }
+    int failed = 0;
+    for (size_t index = 0; index < request->layer_count && !failed; index++) {
+        snprintf(target, target_size, "%s", request->layers[index]);
+        *step = "open layer";
+        int tree = (int)syscall(SYS_open_tree, AT_FDCWD, request->layers[index], OPEN_TREE_CLONE_FLAG | O_CLOEXEC);
+        if (tree < 0) {
+            failed = 1;
+            break;
+        }
+        request->layer_fds[index] = tree;
+        if (mapping < 0) continue;
+        *step = "shift layer ids (idmapped mount)";
+        struct mount_attributes attributes = {MOUNT_ATTR_IDMAP_FLAG, 0, 0, (uint64_t)mapping};
+        failed = syscall(SYS_mount_setattr, tree, "", AT_EMPTY_PATH, &attributes, sizeof attributes) < 0;
+    }
+    int saved = errno;
+    if (mapping >= 0) close(mapping); /* the mounts hold it now */
+    if (failed) {
+        close_layers(); /* nothing of this spawn stays */
+        errno = saved;
+        return -1;
+    }
+    return 0;
+}
+
+/* The group that may pass through the state directory (statedir.py): our
+ * supplementary group, which the child keeps until its root is built. */
+static int join_layers_group(uint32_t group) {
+    static uint32_t joined = UINT32_MAX;
+    if (joined == group) return 0;
+    gid_t groups[1] = {group};
+    if (syscall(SYS_setgroups, 1, groups) < 0) return -1;
+    joined = group;
+    return 0;
+}
+
 /* Returns -1 only when the spawner is gone (we then exit). */
 static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
     const char *bad = parse_spawn(cursor);
@@ -368,6 +520,9 @@ static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
     if (bad) return reply_error(token, 0, "parse request", EINVAL, bad);
     request->listen_fd = fds[0];
     request->ready_fd = fds[1];
+    reap_helpers();
+    if (join_layers_group(request->layers_uid) < 0)
+        return reply_error(token, 0, "join the layers' group", errno, request->hostname);
 
     /* The child waits on this until it sits in its cgroups and has its id
      * maps: before that it is nobody in its user namespace, and what it
@@ -377,22 +532,40 @@ static int spawn(struct cursor *cursor, const int *fds, int fd_count) {
     int sync[2];
     if (socketpair(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0, sync) < 0)
         return reply_error(token, 0, "make sync socket", errno, request->hostname);
+    const char *step = NULL;
+    int result;
+    /* As the sandbox's own root: what we create from here to the clone (the
+     * id mapping, the sandbox's user namespace) is owned by its range. */
+    if (act_as(request->uid_base) < 0) {
+        result = errno;
+        act_as_root();
+        close(sync[0]);
+        close(sync[1]);
+        return reply_error(token, 0, "act as the sandbox's root", result, request->hostname);
+    }
+    if (open_layers(&step, failed_target, sizeof failed_target) < 0) {
+        result = errno;
+        act_as_root();
+        close(sync[0]);
+        close(sync[1]);
+        return reply_error(token, 0, step, result, failed_target);
+    }
     /* A raw clone, like fork: the child is at once PID 1 of its new pid
      * namespace, no second fork.  CLONE_PARENT gives it our parent (the
      * spawner); its exit signal is then ours, SIGCHLD. */
     long pid = syscall(SYS_clone, CLONE_PARENT | NAMESPACES | SIGCHLD, 0, 0, 0, 0);
     if (pid == 0) {
         close(sync[1]);
-        confine_and_serve(request, confinement, sync[0]);
+        confine_and_serve(request, confinement, sync[0], release_buffers);
     }
     int clone_errno = errno;
+    act_as_root();
+    close_layers(); /* the child has its own */
     close(sync[0]);
     if (pid < 0) {
         close(sync[1]);
         return reply_error(token, 0, "clone", clone_errno, request->hostname);
     }
-    const char *step = NULL;
-    int result;
     if (prepare_child((pid_t)pid, &step, failed_target, sizeof failed_target) < 0) {
         /* Closing the socket unreleased makes the child exit; the spawner reaps it. */
         result = reply_error(token, (pid_t)pid, step, errno, failed_target);
@@ -419,7 +592,8 @@ static void release(void *start, size_t size) {
     if (end > first) (void)madvise((void *)first, end - first, MADV_DONTNEED);
 }
 
-void zygote_release_memory(void) {
+/* In a child: give back the pages of our request buffers (unusable after). */
+static void release_buffers(void) {
     release(message, sizeof message);
     release(&request_pages, sizeof request_pages);
     release(&confinement_pages, sizeof confinement_pages);
@@ -457,6 +631,9 @@ int main(void) {
     }
     /* Exit codes for the spawner's log: what could not be set up. */
     if (prctl(PR_SET_NAME, "forkyard-zygote", 0, 0, 0) < 0) return 3;
+    /* Changing our effective uid to a sandbox's (see spawn) must not cost us
+     * our capabilities.  The sandbox's child clears the bit (confine.c). */
+    if (prctl(PR_SET_SECUREBITS, SECURE_NO_SETUID_FIXUP, 0, 0, 0) < 0) return 7;
     if (reset_signals() < 0) return 4;
     /* Whatever else we inherited would reach every sandbox. */
     if (syscall(SYS_close_range, FD_SPAWNER + 1, ~0U, 0) < 0) return 5;

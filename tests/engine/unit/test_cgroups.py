@@ -81,3 +81,43 @@ def test_absolute_parent_is_taken_as_is(tmp_path: Path):
     proc = _proc(tmp_path, "4:memory:/deep/inside\n")
     driver = cgroups.CgroupsV1(EngineConfig(cgroup_root=root, proc_dir=proc, cgroup_parent="/sandboxes"))
     assert driver.parents["memory"] == root / "memory" / "sandboxes"
+
+
+def test_stats_read_each_versions_own_files(tmp_path: Path):
+    """memory now and at its peak, CPU time, OOM kills and processes, from v2's files and from v1's."""
+    v2 = tmp_path / "v2"
+    (v2 / "cgroup.controllers").parent.mkdir(parents=True)
+    (v2 / "cgroup.controllers").write_text("cpu memory pids\n")
+    sandbox = v2 / "forkyard" / "fy-s"
+    sandbox.mkdir(parents=True)
+    for name, text in {
+        "memory.current": "1048576\n",
+        "memory.peak": "3145728\n",
+        "cpu.stat": "usage_usec 2500000\nuser_usec 2000000\nsystem_usec 500000\n",
+        "memory.events": "low 0\nhigh 0\nmax 4\noom 2\noom_kill 2\n",
+        "cgroup.procs": "10\n11\n",
+    }.items():
+        (sandbox / name).write_text(text)
+    (sandbox / "x-cmd").mkdir()
+    (sandbox / "x-cmd" / "cgroup.procs").write_text("12\n")
+    driver2 = cgroups.CgroupsV2(
+        EngineConfig(cgroup_root=v2, proc_dir=_proc(tmp_path / "p2", "0::/\n")), require_controllers=False
+    )
+    assert driver2.stats("fy-s") == cgroups.Stats(
+        memory_bytes=1 << 20, cpu_usage_us=2_500_000, oom_kills=2, pids=3, memory_peak_bytes=3 << 20
+    )
+    v1 = tmp_path / "v1"
+    for controller in cgroups.CgroupsV1.CONTROLLERS:
+        (v1 / controller / "forkyard" / "fy-s").mkdir(parents=True)
+        (v1 / controller / "cgroup.procs").write_text("")
+    memory = v1 / "memory" / "forkyard" / "fy-s"
+    (memory / "memory.usage_in_bytes").write_text("2097152\n")
+    (memory / "memory.max_usage_in_bytes").write_text("4194304\n")
+    (memory / "memory.oom_control").write_text("oom_kill_disable 0\nunder_oom 0\noom_kill 1\n")
+    (v1 / "cpuacct" / "forkyard" / "fy-s" / "cpuacct.usage").write_text("7000000000\n")
+    (v1 / "pids" / "forkyard" / "fy-s" / "cgroup.procs").write_text("20\n")
+    proc = _proc(tmp_path / "p1", "4:memory:/\n3:pids:/\n2:freezer:/\n1:cpu:/\n5:cpuacct:/\n0::/\n")
+    driver1 = cgroups.CgroupsV1(EngineConfig(cgroup_root=v1, proc_dir=proc))
+    assert driver1.stats("fy-s") == cgroups.Stats(
+        memory_bytes=2 << 20, cpu_usage_us=7_000_000, oom_kills=1, pids=1, memory_peak_bytes=4 << 20
+    )

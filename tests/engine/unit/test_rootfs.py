@@ -38,7 +38,8 @@ def test_steps_run_in_the_documented_order():
         ("mkdir", "/state/mnt/scratch/work", ""),
         ("mkdir", "/state/mnt/scratch/shm", ""),
         ("keep-layer", "/state/mnt/scratch/upper", ""),
-        ("chdir", "/state/layers", ""),
+        ("attach-layers", "/state/mnt/scratch/lower", ""),
+        ("chdir", "/state/mnt/scratch/lower", ""),
         ("mount", "/state/mnt/root", "overlay"),
         ("enter-root", "/state/mnt/root", ""),
         ("mount", "/proc", "proc"),
@@ -48,6 +49,7 @@ def test_steps_run_in_the_documented_order():
         ("bind-remount", "/dev/shm", "/state/mnt/scratch/shm"),
         ("mount", "/dev/mqueue", "mqueue"),
         *[("mount", f"/proc/{name}", "/dev/null") for name in rootfs.MASKED_PROC_FILES],
+        ("mount", "/sys/kernel/vmcoreinfo", "/dev/null"),
         *[("bind-remount", f"/proc/{name}", "") for name in rootfs.READ_ONLY_PROC],
         ("bind-remount", "/proc/acpi", "/state/mnt/empty"),
         ("bind-remount", "/proc/scsi", "/state/mnt/empty"),
@@ -68,11 +70,16 @@ def test_mounts_are_private_before_anything_is_mounted():
 def test_scratch_is_sized_to_the_disk_and_holds_the_overlay_layers():
     steps = rootfs.plan(SPEC)
     scratch = steps[1]
-    assert scratch.data == f"size={1 << 20},mode=0755" and scratch.flags == MS_NOSUID | MS_NODEV
+    assert scratch.data == f"size={1 << 20},nr_inodes=4096,mode=0755" and scratch.flags == MS_NOSUID | MS_NODEV
     overlay = next(step for step in steps if step.fstype == "overlay")
-    assert overlay.data == ("lowerdir=snap:base,upperdir=/state/mnt/scratch/upper,workdir=/state/mnt/scratch/work,userxattr")
-    # Lower layers are relative names: the child enters layers_dir first.
-    assert steps.index(next(step for step in steps if step.op == "chdir")) < steps.index(overlay)
+    assert overlay.data == ("lowerdir=0:1,upperdir=/state/mnt/scratch/upper,workdir=/state/mnt/scratch/work,userxattr")
+    # Lower layers are the zygote's idmapped mounts, attached as lower/0 (the
+    # topmost, "snap") and lower/1 ("base"): the child enters lower first.
+    attach = next(step for step in steps if step.op == "attach-layers")
+    chdir = next(step for step in steps if step.op == "chdir")
+    assert (attach.target, chdir.target) == ("/state/mnt/scratch/lower", "/state/mnt/scratch/lower")
+    assert steps.index(attach) < steps.index(chdir) < steps.index(overlay)
+    assert rootfs.layer_paths(SPEC) == ("/state/layers/snap", "/state/layers/base")
 
 
 def test_every_target_in_the_new_root_is_relative_and_needs_no_symlink():
@@ -131,7 +138,9 @@ def test_the_plan_is_encoded_as_nine_fields_a_step():
 
 def test_a_nul_byte_cannot_shift_the_fields():
     with pytest.raises(ValueError):
-        zygote.encode_spawn(1, "sb-x\0evil", 0, 1, 1, (), b"")
+        zygote.encode_spawn(1, "sb-x\0evil", 0, 1, 0, 1, (), (), b"")
+    with pytest.raises(ValueError):
+        zygote.encode_spawn(1, "sb-x", 0, 1, 0, 1, (), ("/layers/a\0/etc",), b"")
     with pytest.raises(ValueError):
         zygote.encoded_plan(SPEC._replace(dev_dir="/state/dev\0/"))
 

@@ -50,6 +50,7 @@ SYS = {
     "socket": 41,
     "ioctl": 16,
     "mknodat": 259,
+    "modify_ldt": 154,
 }
 
 
@@ -66,6 +67,7 @@ def test_denied_calls_get_eperm():
     assert _in_filtered_child(SYS["bpf"], -1, 0, 0) == errno.EPERM
     assert _in_filtered_child(SYS["unshare"], 0) == errno.EPERM
     assert _in_filtered_child(SYS["mount"], 1, 1, 1, 0, 0) == errno.EPERM
+    assert _in_filtered_child(SYS["modify_ldt"], 0, 1, 16) == errno.EPERM
 
 
 def test_clone3_gets_enosys():
@@ -117,5 +119,6 @@ def test_the_deny_list_covers_security_md():
         "mount",
         "unshare",
         "setns",
+        "modify_ldt",
     ):
         assert name in denied, name

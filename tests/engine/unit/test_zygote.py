@@ -53,12 +53,17 @@ def spawn_fields(**changes: object) -> list[object]:
         "op": "spawn",
         "token": 7,
         "hostname": "sb-test",
-        "uid_base": 1000000000,
+        "uid_base": 1000065536,
         "uid_count": 65536,
+        "layers_uid": 1000000000,
         "nofile": 1024,
         "cgroups": 0,
+        "layers": 1,
+        "layer": "/layers/base",
     }
     fields.update(changes)
+    if fields["layers"] != 1 and "layer" not in changes:
+        del fields["layer"]
     return list(fields.values())
 
 
@@ -96,8 +101,13 @@ BAD_SPAWNS = {
     "negative nofile": (spawn_fields(nofile=-1), None),
     "number overflow": (spawn_fields(uid_base="99999999999999999999999"), None),
     "too many cgroups": (spawn_fields(cgroups=17), None),
+    "layers' range past 2^32": (spawn_fields(layers_uid=2**32 - 10), None),
     "cgroup count beyond the fields": (spawn_fields(cgroups=2), b"/a\0"),
     "relative cgroup path": (spawn_fields(cgroups=1), b"relative\0" + zygote.encoded_plan(SPEC)),
+    "too many layers": (spawn_fields(layers=129), None),
+    "relative layer path": (spawn_fields(layer="layers/base"), None),
+    "layer count beyond the fields": (spawn_fields(layers=3), None),
+    "relative attach-layers target": (spawn_fields(), plan_of(rootfs.Step("attach-layers", "lower"), ROOT, PIVOT)),
     "no plan": (spawn_fields(), b""),
     "step count beyond the fields": (spawn_fields(), plan_of(ROOT, PIVOT)[:-5]),
     "too many steps": (spawn_fields(), zygote.encode_fields(["129"])),

@@ -3,8 +3,9 @@
 A layer is a directory under ``<state>/layers`` whose name is the start of its
 content digest; a template is an ordered list of layers (topmost first) plus
 the environment and working directory its image asks for.  Ownership in a
-layer is already shifted into the sandboxes' uid range, so the overlay shows
-``root`` as root inside every sandbox with no per-sandbox work.
+layer is already shifted into the layers' uid range (``uid_base``): every
+sandbox sees it through idmapped mounts shifted into its own range, so the
+overlay shows ``root`` as root inside every sandbox and no layer is copied.
 
 Import, in the order the code runs it:
 
@@ -35,6 +36,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
+from . import users
 from .config import EngineConfig
 from .errors import InvalidRequest, TemplateExists, TemplateImportFailed, TemplateNotFound
 from .layers import tree_digest
@@ -171,7 +173,9 @@ class OciImage:
         return self._open(name)
 
 
-class Templates:
+class TemplateStore:
+    """This host's templates and snapshots: their records in the store, their layers on disk."""
+
     def __init__(self, config: EngineConfig, store: Store) -> None:
         self.config = config
         self.store = store
@@ -228,8 +232,10 @@ class Templates:
         env: dict[str, str] | None = None,
         workdir: str | None = None,
         progress: Progress | None = None,
+        user: str | int | None = None,
     ) -> TemplateRecord:
         validate_name(name)
+        default_user = users.validate(user)
         if not replace and any(t.name == name for t in self.store.templates()):
             raise TemplateExists(f"template {name!r} exists; pass replace to overwrite it", template=name)
         path = Path(source)
@@ -238,8 +244,7 @@ class Templates:
         if kind == "auto":
             kind = self._guess_kind(path)
         report = progress or (lambda _event: None)
-        self.config.layers_dir.mkdir(parents=True, exist_ok=True)
-        os.chmod(self.config.layers_dir, 0o755)
+        self.config.layers_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # its modes: statedir.py
         incoming = self.config.layers_dir / f".incoming-{uuid.uuid4().hex[:12]}"
         incoming.mkdir(mode=0o755)
         os.chown(incoming, self.config.uid_base, self.config.uid_base)
@@ -280,6 +285,7 @@ class Templates:
             layers=[layer_id],
             env={**DEFAULT_ENV, **self._image_env(image_config), **(env or {})},
             workdir=workdir or image_config.get("config", {}).get("WorkingDir") or "/",
+            user=default_user or self._image_user(image_config),
             source=f"{kind}:{source}",
             size_bytes=size,
             created_at=time.time(),
@@ -287,6 +293,17 @@ class Templates:
         self.put(record)
         report({"phase": "done", "layer": layer_id, "size_bytes": size, "seconds": round(time.monotonic() - started, 3)})
         return record
+
+    @staticmethod
+    def _image_user(image_config: dict[str, Any]) -> str:
+        """An OCI image's ``User`` (``name``, ``uid``, or either with ``:group``): the user part, if valid."""
+        configured = image_config.get("config", {}).get("User")
+        if not isinstance(configured, str) or not configured:
+            return ""
+        try:
+            return users.validate(configured.split(":", 1)[0]) or ""
+        except InvalidRequest:
+            return ""  # not a name the sandbox could hold: its commands run as root, as before
 
     @staticmethod
     def _guess_kind(path: Path) -> str:

@@ -1,0 +1,775 @@
+"""A sandbox's way out: a veth pair, addresses from the engine's pool, and nftables rules.
+
+A sandbox without a network policy has loopback only and costs nothing here:
+no device, address or rule is made for it.  One with a policy gets
+
+* a veth pair (pyroute2): ``fy<hash>`` on the host, ``eth0`` in the sandbox's
+  network namespace, a /31 of ``network_pool`` (the host side the even
+  address, the sandbox the odd one) and a default route through the host side;
+* in the engine's one nftables table (``network_table``, family ``inet``,
+  written through libnftables' JSON interface), a chain ``e-<hash>`` for what
+  the sandbox forwards and a chain ``h-<hash>`` for what it sends to the host
+  itself, reached through the verdict maps ``out`` and ``host`` keyed by the
+  host-side interface; a dynamic set ``d-<hash>`` that records each refused
+  (address, protocol, port) with its last time; a counter ``n-<hash>`` of
+  refused packets.
+
+Each chain accepts replies to what it let out, drops all IPv6 and every
+packet to link-local addresses (cloud metadata: never, whatever the rules),
+accepts what a rule allows and records and drops the rest.  A rule's
+``cidr`` reaches private ranges (and the engine's pool: other sandboxes)
+only if it lies inside one, i.e. names it; a wider rule (``0.0.0.0/0``)
+reaches public addresses only.  The host's own addresses come in through the
+``input`` hook, where only such narrow rules apply.
+
+Replacing a sandbox's rules (a policy changed) is one nftables transaction:
+flush its chains and add the new rules.  Removing them is another.  The
+engine's sandboxes all live in one table, so recovery finds what leaked
+(chains, sets, counters, map elements, devices of sandboxes that are gone)
+by name and removes it.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import hashlib
+import ipaddress
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from .errors import EngineError, InvalidRequest
+from .kernel import Kernel
+
+CLONE_NEWNET = 0x40000000
+
+log = logging.getLogger("forkyard.engine.network")
+T = TypeVar("T")
+
+# Never reachable through a wide rule; reachable through a rule inside one of them.
+PRIVATE = [
+    ipaddress.IPv4Network(network)
+    for network in (
+        "0.0.0.0/8",
+        "10.0.0.0/8",
+        "100.64.0.0/10",
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "172.16.0.0/12",
+        "192.0.0.0/24",
+        "192.168.0.0/16",
+        "198.18.0.0/15",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+    )
+]
+METADATA = ipaddress.IPv4Network("169.254.0.0/16")  # link-local: cloud metadata lives here; never reachable
+PROTOCOLS = ("tcp", "udp", "any")
+MAX_RULES = 256
+MAX_PORTS = 64
+DENIED_KEPT = 256  # refused destinations remembered per sandbox
+DENIED_TIMEOUT_S = 3600  # ... for this long after their last attempt
+DENIED_SHOWN = 20
+# TCP to these ports under a ``host`` rule goes through the name proxy (egress_proxy.py), which listens
+# on this port of the host side of each such sandbox's link.
+PROXIED_PORTS = (80, 443)
+PROXY_PORT = 15001
+
+
+class NetworkError(EngineError):
+    code = "network_failed"
+
+
+HOST_PATTERN = re.compile(r"^(\*\.)?([a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\.)*[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
+
+
+@dataclass(frozen=True)
+class Rule:
+    network: ipaddress.IPv4Network | ipaddress.IPv6Network | None  # an address rule, or
+    host: str | None  # a name rule (resolver.py): "pypi.org", "*.example.org"
+    ports: tuple[int, ...]
+    protocol: str
+
+    @property
+    def narrow(self) -> bool:
+        """Inside a private range (or one address): it names what it reaches."""
+        network = self.network
+        if network is None or network.version != 4:
+            return False
+        return network.prefixlen == 32 or any(network.subnet_of(private) for private in PRIVATE)
+
+    def to_dict(self) -> dict[str, Any]:
+        where = {"host": self.host} if self.host else {"cidr": str(self.network)}
+        return {**where, "ports": list(self.ports), "protocol": self.protocol}
+
+
+def parse_egress(raw: Any) -> list[Rule]:
+    """A policy's egress rules as the engine takes them: ``[{"cidr" or "host", "ports", "protocol"}]``."""
+    if not isinstance(raw, list) or len(raw) > MAX_RULES:
+        raise InvalidRequest(f"network.egress must be a list of at most {MAX_RULES} rules", field="network.egress")
+    rules = []
+    for index, item in enumerate(raw):
+        where = f"network.egress.{index}"
+        if not isinstance(item, dict):
+            raise InvalidRequest(f"{where} must be an object", field=where)
+        unknown = sorted(set(item) - {"cidr", "host", "ports", "protocol"})
+        if unknown:
+            raise InvalidRequest(f"{where}: unknown field {unknown[0][:40]!r}", field=f"{where}.{unknown[0][:40]}")
+        cidr, host = item.get("cidr"), item.get("host")
+        if bool(cidr) == bool(host):
+            raise InvalidRequest(f"{where}: give exactly one of cidr or host", field=where)
+        network = None
+        if host:
+            if not isinstance(host, str) or len(host) > 253 or not HOST_PATTERN.match(host.lower()):
+                raise InvalidRequest(f"{where}.host must be a host name such as pypi.org or *.example.org", field=f"{where}.host")
+            host = host.lower()
+        else:
+            try:
+                network = ipaddress.ip_network(cidr, strict=False) if isinstance(cidr, str) else None
+            except ValueError:
+                network = None
+            if network is None:
+                raise InvalidRequest(f"{where}.cidr must be a network such as 203.0.113.0/24", field=f"{where}.cidr")
+            if network.version != 4:
+                raise InvalidRequest(
+                    f"{where}.cidr: a sandbox has IPv4 only, so an IPv6 rule would reach nothing", field=f"{where}.cidr"
+                )
+        ports = item.get("ports") or []
+        if (
+            not isinstance(ports, list)
+            or len(ports) > MAX_PORTS
+            or not all(isinstance(port, int) and not isinstance(port, bool) and 1 <= port <= 65535 for port in ports)
+        ):
+            raise InvalidRequest(f"{where}.ports must be at most {MAX_PORTS} ports of 1-65535", field=f"{where}.ports")
+        protocol = item.get("protocol", "tcp")
+        if protocol not in PROTOCOLS:
+            raise InvalidRequest(f"{where}.protocol must be one of {', '.join(PROTOCOLS)}", field=f"{where}.protocol")
+        rules.append(Rule(network, host or None, tuple(sorted(set(ports))), protocol))
+    return rules
+
+
+def proxied_ports(rules: list[Rule]) -> list[int]:
+    """The web ports (``PROXIED_PORTS``) a TCP ``host`` rule covers: their connections go through the name proxy."""
+    found: set[int] = set()
+    for rule in rules:
+        if rule.host and rule.protocol in ("tcp", "any"):
+            found.update(PROXIED_PORTS if not rule.ports else set(rule.ports) & set(PROXIED_PORTS))
+    return sorted(found)
+
+
+_threads = threading.local()  # each thread's netlink socket (pyroute2's IPRoute), made once
+_netlink_thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="netlink")
+
+
+def host_netlink() -> Any:
+    """This thread's netlink socket in the host's namespace: made once per thread, since making one costs
+    more than most of what it is used for. Not for the event loop's thread (pyroute2's synchronous API
+    runs a loop of its own): there, ``_netlink``."""
+    from pyroute2 import IPRoute
+
+    ipr = getattr(_threads, "ipr", None)
+    if ipr is None:
+        ipr = _threads.ipr = IPRoute()
+    return ipr
+
+
+def _netlink(operation: Callable[[Any], T]) -> T:
+    """Run ``operation(IPRoute)`` on the engine's netlink thread, and wait for it: pyroute2's synchronous
+    API runs an event loop of its own, which it cannot do on the engine's (running) one."""
+    return _netlink_thread.submit(lambda: operation(host_netlink())).result()
+
+
+def preload() -> None:
+    """Import pyroute2 (about half a second of CPU) ahead of the first create with a policy: the engine
+    calls this on a thread of its own at start."""
+    import pyroute2  # noqa: F401
+
+
+GROUP_PATTERN = re.compile(r"^[A-Za-z0-9_.:-]{1,64}$")
+
+
+def parse_group(raw: Any) -> str:
+    """``network.group``: sandboxes with the same group may reach each other (a launch's members); "" for none."""
+    if raw is None or raw == "":
+        return ""
+    if not isinstance(raw, str) or not GROUP_PATTERN.match(raw):
+        raise InvalidRequest("network.group must be 1-64 characters of A-Z, a-z, 0-9, _ . : -", field="network.group")
+    return raw
+
+
+def _group_set(group: str) -> str:
+    return "g-" + hashlib.blake2b(group.encode(), digest_size=7).hexdigest()[:13]
+
+
+def interface_name(sandbox_id: str) -> str:
+    """The host side's name: 15 characters at most, the same for the same sandbox."""
+    return "fy" + hashlib.blake2b(sandbox_id.encode(), digest_size=7).hexdigest()[:13]
+
+
+def _tag(sandbox_id: str) -> str:
+    return interface_name(sandbox_id)[2:]
+
+
+# --- nftables JSON ---------------------------------------------------------------------
+
+
+def _prefix(network: ipaddress.IPv4Network | ipaddress.IPv6Network) -> dict[str, Any]:
+    return {"prefix": {"addr": str(network.network_address), "len": network.prefixlen}}
+
+
+def _daddr() -> dict[str, Any]:
+    return {"payload": {"protocol": "ip", "field": "daddr"}}
+
+
+def _match(left: dict[str, Any], right: Any, op: str = "==") -> dict[str, Any]:
+    return {"match": {"op": op, "left": left, "right": right}}
+
+
+def _rule_exprs(rule: Rule) -> list[dict[str, Any]] | None:
+    """The matches of one address rule (IPv4 only: a sandbox has no IPv6 route), or None."""
+    if rule.network is None or rule.network.version != 4:
+        return None
+    exprs = [_match(_daddr(), _prefix(rule.network))]
+    if not rule.narrow:
+        exprs.append(_match(_daddr(), {"set": [_prefix(private) for private in PRIVATE]}, "!="))
+    if rule.protocol != "any":
+        exprs.append(_match({"meta": {"key": "l4proto"}}, rule.protocol))
+    if rule.ports:
+        # A port rule without a protocol covers TCP and UDP; anything else has no ports.
+        if rule.protocol == "any":
+            exprs.append(_match({"meta": {"key": "l4proto"}}, {"set": ["tcp", "udp"]}))
+        exprs.append(_match({"payload": {"protocol": "th", "field": "dport"}}, {"set": list(rule.ports)}))
+    return exprs
+
+
+class Network:
+    """The engine's side of sandbox networks (one instance per engine)."""
+
+    def __init__(self, pool: str, table: str, kernel: Kernel) -> None:
+        self.kernel = kernel
+        try:
+            self.pool = ipaddress.IPv4Network(pool)
+        except ValueError as error:
+            raise EngineError(f"network_pool {pool!r} is not an IPv4 network: {error}") from None
+        if self.pool.prefixlen > 30:
+            raise EngineError(f"network_pool {pool!r} is too small")
+        self.table = table
+        self._nft: Any = None
+        self._lock = threading.Lock()
+        self._ready = False
+
+    # --- nftables ---
+
+    def _nftables(self) -> Any:
+        if self._nft is None:
+            try:
+                import nftables  # Debian's python3-nftables (libnftables); scripts/bootstrap exposes it to the venv
+            except ImportError:
+                raise NetworkError("the nftables Python binding is missing: run scripts/bootstrap") from None
+            nft = nftables.Nftables()
+            nft.set_json_output(True)
+            nft.set_handle_output(True)
+            self._nft = nft
+        return self._nft
+
+    def _command(self, commands: list[dict[str, Any]]) -> tuple[int, Any, str]:
+        with self._lock:  # one libnftables context, used from the loop and from worker threads
+            rc, output, error = self._nftables().json_cmd({"nftables": commands})
+        return rc, output, error
+
+    def _run(self, commands: list[dict[str, Any]]) -> dict[str, Any]:
+        rc, output, error = self._command(commands)
+        if rc != 0:
+            raise NetworkError(f"nftables refused the rules: {str(error).strip()[:500]}")
+        return output if isinstance(output, dict) else {}
+
+    def _object(self, kind: str, **fields: Any) -> dict[str, Any]:
+        return {kind: {"family": "inet", "table": self.table, **fields}}
+
+    def setup(self) -> None:
+        """The engine's table, its hooks and maps (idempotent), and forwarding on."""
+        if self._ready:
+            return
+        with open("/proc/sys/net/ipv4/ip_forward", "w") as sysctl:
+            sysctl.write("1")
+        t = self.table
+        self._run(
+            [
+                {"add": {"table": {"family": "inet", "name": t}}},
+                {"add": self._object("map", name="out", type="ifname", map="verdict")},
+                {"add": self._object("map", name="host", type="ifname", map="verdict")},
+                {"add": self._object("set", name="ifaces", type="ifname")},
+                {"add": self._object("chain", name="forward", type="filter", hook="forward", prio=0, policy="accept")},
+                {"add": self._object("chain", name="input", type="filter", hook="input", prio=0, policy="accept")},
+                {"add": self._object("chain", name="post", type="nat", hook="postrouting", prio=100, policy="accept")},
+                {"add": self._object("map", name="names", type="ifname", map="verdict")},
+                {"add": self._object("chain", name="pre", type="nat", hook="prerouting", prio=-100, policy="accept")},
+                {"flush": self._object("chain", name="forward")},
+                {"flush": self._object("chain", name="input")},
+                {"flush": self._object("chain", name="post")},
+                {"flush": self._object("chain", name="pre")},
+                # A sandbox with name rules on the web's ports: its chain r-<tag> may send them to its proxy.
+                {
+                    "add": self._object(
+                        "rule", chain="pre", expr=[{"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@names"}}]
+                    )
+                },
+                {
+                    "add": self._object(
+                        "rule", chain="forward", expr=[{"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@out"}}]
+                    )
+                },
+                # Into a sandbox: only replies to what it opened.
+                {
+                    "add": self._object(
+                        "rule",
+                        chain="forward",
+                        expr=[
+                            _match({"meta": {"key": "oifname"}}, "@ifaces"),
+                            _match({"ct": {"key": "state"}}, {"set": ["established", "related"]}, "in"),
+                            {"accept": None},
+                        ],
+                    )
+                },
+                {
+                    "add": self._object(
+                        "rule", chain="forward", expr=[_match({"meta": {"key": "oifname"}}, "@ifaces"), {"drop": None}]
+                    )
+                },
+                {
+                    "add": self._object(
+                        "rule", chain="input", expr=[{"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@host"}}]
+                    )
+                },
+                # Out of the host: the sandbox's pool address is the host's.
+                {
+                    "add": self._object(
+                        "rule",
+                        chain="post",
+                        expr=[
+                            _match({"payload": {"protocol": "ip", "field": "saddr"}}, _prefix(self.pool)),
+                            _match({"meta": {"key": "oifname"}}, "@ifaces", "!="),
+                            {"masquerade": None},
+                        ],
+                    )
+                },
+            ]
+        )
+        self._ready = True
+
+    def _chain_rules(self, tag: str, address: str, rules: list[Rule], to_host: bool, group: str = "") -> list[dict[str, Any]]:
+        chain = ("h-" if to_host else "e-") + tag
+        out: list[dict[str, Any]] = []
+
+        def add(*expr: dict[str, Any]) -> None:
+            out.append({"add": self._object("rule", chain=chain, expr=list(expr))})
+
+        add(_match({"ct": {"key": "state"}}, {"set": ["established", "related"]}, "in"), {"accept": None})
+        add(_match({"meta": {"key": "nfproto"}}, "ipv6"), {"counter": f"n-{tag}"}, {"drop": None})
+        # Root inside may change its own address: a packet from any other is spoofed.
+        add(_match({"payload": {"protocol": "ip", "field": "saddr"}}, address, "!="), {"counter": f"n-{tag}"}, {"drop": None})
+        denied = [
+            _match({"meta": {"key": "l4proto"}}, {"set": ["tcp", "udp"]}),
+            {
+                "set": {
+                    "op": "update",
+                    "elem": {
+                        "concat": [_daddr(), {"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]
+                    },
+                    "set": f"@d-{tag}",
+                }
+            },
+        ]
+        add(_match(_daddr(), _prefix(METADATA)), *denied)
+        add(_match(_daddr(), _prefix(METADATA)), {"counter": f"n-{tag}"}, {"drop": None})
+        # DNS: to its resolver (resolver.py) on the host side of its link, and nowhere else whatever the rules.
+        dns_port = [
+            _match({"meta": {"key": "l4proto"}}, {"set": ["tcp", "udp"]}),
+            _match({"payload": {"protocol": "th", "field": "dport"}}, 53),
+        ]
+        if to_host:
+            resolver = str(ipaddress.IPv4Address(address) - 1)
+            add(_match(_daddr(), resolver), _match({"meta": {"key": "l4proto"}}, "udp"), dns_port[1], {"accept": None})
+            if proxied_ports(rules):
+                # Its name proxy, reached only by what r-<tag> redirected there (never by a connection of its own).
+                add(
+                    _match(_daddr(), resolver),
+                    _match({"meta": {"key": "l4proto"}}, "tcp"),
+                    _match({"payload": {"protocol": "th", "field": "dport"}}, PROXY_PORT),
+                    _match({"ct": {"key": "status"}}, "dnat", "in"),
+                    {"accept": None},
+                )
+        add(*dns_port, *denied[1:])
+        add(*dns_port, {"counter": f"n-{tag}"}, {"reject": {"type": "icmpx", "expr": "admin-prohibited"}})
+        if group and not to_host:
+            # The other members of its group (a launch's sandboxes), whatever else the rules say.
+            add(_match(_daddr(), f"@{_group_set(group)}"), {"accept": None})
+        if not to_host:
+            # Addresses its resolver answered for an allowed name, for that rule's ports, until their TTL ends.
+            proto_port = [{"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]
+            add(_match({"concat": [_daddr(), *proto_port]}, f"@a-{tag}"), {"accept": None})
+            add(_match({"concat": [_daddr(), proto_port[0]]}, f"@ap-{tag}"), {"accept": None})
+        for rule in rules:
+            if to_host and not rule.narrow:
+                continue
+            exprs = _rule_exprs(rule)
+            if exprs is not None:
+                add(*exprs, {"accept": None})
+        add(*denied)
+        # Refused at once (a reset, an ICMP error) rather than silently: a rollout sees "refused", not a hang.
+        tcp = _match({"meta": {"key": "l4proto"}}, "tcp")
+        add(tcp, {"counter": f"n-{tag}"}, {"reject": {"type": "tcp reset"}})
+        add({"counter": f"n-{tag}"}, {"reject": {"type": "icmpx", "expr": "admin-prohibited"}})
+        return out
+
+    def _redirect_rules(self, tag: str, rules: list[Rule], group: str = "") -> list[dict[str, Any]]:
+        """r-<tag>: what its address rules (and its group) reach goes where it was sent; the rest of its TCP
+        to the ports its name rules cover goes to its name proxy (egress_proxy.py)."""
+        chain = f"r-{tag}"
+        out: list[dict[str, Any]] = [{"flush": self._object("chain", name=chain)}]
+        web = proxied_ports(rules)
+        if not web:
+            return out
+
+        def add(*expr: dict[str, Any]) -> None:
+            out.append({"add": self._object("rule", chain=chain, expr=list(expr))})
+
+        tcp = _match({"meta": {"key": "l4proto"}}, "tcp")
+        add(_match(_daddr(), _prefix(METADATA)), {"return": None})  # refused (and recorded) by its filter
+        if group:
+            add(_match(_daddr(), f"@{_group_set(group)}"), {"return": None})
+        for rule in rules:
+            exprs = _rule_exprs(rule)
+            if exprs is not None:
+                add(*exprs, {"return": None})
+        add(tcp, _match({"payload": {"protocol": "th", "field": "dport"}}, {"set": web}), {"redirect": {"port": PROXY_PORT}})
+        return out
+
+    def _rules_commands(self, tag: str, address: str, rules: list[Rule], group: str = "") -> list[dict[str, Any]]:
+        members: list[dict[str, Any]] = []
+        if group:
+            members = [
+                {"add": self._object("set", name=_group_set(group), type="ipv4_addr")},
+                {"add": self._object("element", name=_group_set(group), elem=[address])},
+            ]
+        return [
+            *members,
+            {"flush": self._object("chain", name=f"e-{tag}")},
+            {"flush": self._object("chain", name=f"h-{tag}")},
+            {"flush": self._object("set", name=f"a-{tag}")},  # admitted under the old rules
+            {"flush": self._object("set", name=f"ap-{tag}")},
+            *self._chain_rules(tag, address, rules, to_host=False, group=group),
+            *self._chain_rules(tag, address, rules, to_host=True, group=group),
+            *self._redirect_rules(tag, rules, group),
+        ]
+
+    # --- a sandbox's network ---
+
+    def free_slot(self, taken: set[int]) -> int:
+        for slot in range(self.pool.num_addresses // 2):
+            if slot not in taken:
+                return slot
+        raise NetworkError(f"network_pool {self.pool} has no /31 left")
+
+    def host_address(self, slot: int) -> str:
+        """The host side of a slot's /31 (its even address); the sandbox takes the odd one."""
+        return str(self.pool.network_address + 2 * slot)
+
+    def write_rules(self, sandbox_id: str, slot: int, rules: list[Rule], group: str = "") -> None:
+        """Its chains, sets, counter and map elements, in one transaction: before any device exists, so that
+        nothing passes before they are in place (they need none: the maps are keyed by interface name)."""
+        self.setup()
+        tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
+        inside = self.pool.network_address + 2 * slot + 1
+        self._run(
+            [
+                {"add": self._object("chain", name=f"e-{tag}")},
+                {"add": self._object("chain", name=f"h-{tag}")},
+                {"add": self._object("chain", name=f"r-{tag}")},
+                {"add": self._object("counter", name=f"n-{tag}")},
+                {
+                    "add": self._object(
+                        "set",
+                        name=f"d-{tag}",
+                        type=["ipv4_addr", "inet_proto", "inet_service"],
+                        flags=["timeout"],  # "dynamic" too, implied by the update rule (1.0.6 JSON has no word for it)
+                        timeout=DENIED_TIMEOUT_S,
+                        size=DENIED_KEPT,
+                    )
+                },
+                {
+                    "add": self._object(
+                        "set", name=f"a-{tag}", type=["ipv4_addr", "inet_proto", "inet_service"], flags=["timeout"]
+                    )
+                },
+                {"add": self._object("set", name=f"ap-{tag}", type=["ipv4_addr", "inet_proto"], flags=["timeout"])},
+                *self._rules_commands(tag, str(inside), rules, group),
+                {"add": self._object("element", name="out", elem=[[ifname, {"goto": {"target": f"e-{tag}"}}]])},
+                {"add": self._object("element", name="host", elem=[[ifname, {"goto": {"target": f"h-{tag}"}}]])},
+                {"add": self._object("element", name="names", elem=[[ifname, {"goto": {"target": f"r-{tag}"}}]])},
+                {"add": self._object("element", name="ifaces", elem=[ifname])},
+            ]
+        )
+
+    def make_devices(
+        self, sandbox_id: str, pid: int, slot: int, rules: list[Rule], proc_dir: str = "/proc", group: str = ""
+    ) -> dict[str, Any]:
+        """Its veth pair, addresses and route (``write_rules`` first); what its record keeps of them. On a
+        failure everything made for it, rules included, is removed."""
+        from pyroute2 import IPRoute
+
+        ifname = interface_name(sandbox_id)
+        host = self.pool.network_address + 2 * slot
+        inside = host + 1
+        netns = os.open(f"{proc_dir}/{pid}/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            ipr = host_netlink()
+            ipr.link("add", ifname=ifname, kind="veth", peer={"ifname": "eth0", "net_ns_fd": netns})
+            index = ipr.link("get", ifname=ifname)[0]["index"]  # one link, not a dump of them all
+            _no_ipv6(ifname)  # before it is up: no link-local address either (a sandbox has IPv4 only)
+            ipr.addr("add", index=index, address=str(host), prefixlen=31)
+            ipr.link("set", index=index, state="up")
+            # pyroute2's own netns support forks a child to make the socket; a thread of the engine
+            # goes into the sandbox's namespace instead, makes its netlink socket there, and comes back.
+            home = os.open("/proc/thread-self/ns/net", os.O_RDONLY | os.O_CLOEXEC)
+            try:
+                self.kernel.setns(netns, CLONE_NEWNET)
+                try:
+                    ns = IPRoute()
+                    _no_ipv6("eth0")  # /proc/sys/net is the opening thread's namespace's: the sandbox's here
+                finally:
+                    self.kernel.setns(home, CLONE_NEWNET)  # never leave this thread in the sandbox
+            finally:
+                os.close(home)
+            with ns:
+                index = ns.link("get", ifname="eth0")[0]["index"]
+                ns.addr("add", index=index, address=str(inside), prefixlen=31)
+                ns.link("set", index=index, state="up")
+                ns.route("add", dst="0.0.0.0/0", gateway=str(host))
+        except Exception as error:  # noqa: BLE001 - netlink's and the kernel's: the create fails with the reason
+            self.detach(sandbox_id, str(inside), group)
+            raise NetworkError(f"making the network of {sandbox_id} failed: {error}") from None
+        finally:
+            os.close(netns)
+        return {
+            "slot": slot,
+            "interface": ifname,
+            "host_address": str(host),
+            "address": str(inside),
+            "egress": [rule.to_dict() for rule in rules],
+            "group": group,
+        }
+
+    def replace(self, sandbox_id: str, address: str, rules: list[Rule], group: str = "", old_group: str = "") -> None:
+        """Its rules (and group), replaced in one transaction."""
+        self.replace_many([(sandbox_id, address, rules, group, old_group)])
+
+    def replace_many(self, changes: list[tuple[str, str, list[Rule], str, str]]) -> None:
+        """Many sandboxes' rules (and groups) replaced in one transaction: (id, address, rules, group, old group)."""
+        self.setup()
+        commands: list[dict[str, Any]] = []
+        for sandbox_id, address, rules, group, _ in changes:
+            tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
+            commands += [
+                {"add": self._object("chain", name=f"r-{tag}")},  # made by an older engine without one
+                *self._rules_commands(tag, address, rules, group),
+                {"add": self._object("element", name="names", elem=[[ifname, {"goto": {"target": f"r-{tag}"}}]])},
+            ]
+        self._run(commands)
+        for _, address, _, group, old_group in changes:
+            if old_group and old_group != group:
+                self._leave_group(address, old_group)
+
+    def _leave_group(self, address: str, group: str) -> None:
+        name = _group_set(group)
+        self._command([{"delete": self._object("element", name=name, elem=[address])}])
+        self._command([{"delete": self._object("set", name=name)}])  # refused while another member's rules use it
+
+    def detach(self, sandbox_id: str, address: str = "", group: str = "") -> None:
+        """Remove every device, element, chain, set and counter made for it (what is already gone is fine)."""
+        from pyroute2.netlink.exceptions import NetlinkError
+
+        tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
+        if os.path.exists(f"/sys/class/net/{ifname}"):  # else gone with its namespace
+            try:
+                _netlink(lambda ipr: ipr.link("del", ifname=ifname))
+            except NetlinkError:
+                pass  # gone meanwhile
+        self._remove_rules([(tag, ifname)])
+        if address and group:
+            self._leave_group(address, group)
+
+    def _remove_rules(self, found: list[tuple[str, str]]) -> None:
+        # One command at a time: each may already be gone, and a failed batch would undo the rest.
+        for tag, ifname in found:
+            for command in (
+                self._object("element", name="out", elem=[ifname]),
+                self._object("element", name="host", elem=[ifname]),
+                self._object("element", name="ifaces", elem=[ifname]),
+                self._object("element", name="names", elem=[ifname]),
+                self._object("chain", name=f"e-{tag}"),
+                self._object("chain", name=f"h-{tag}"),
+                self._object("chain", name=f"r-{tag}"),
+                self._object("set", name=f"d-{tag}"),
+                self._object("set", name=f"a-{tag}"),
+                self._object("set", name=f"ap-{tag}"),
+                self._object("counter", name=f"n-{tag}"),
+            ):
+                rc, _, _ = self._command([{"delete": command}])
+                del rc
+
+    def admit(self, sandbox_id: str, rules: list[Rule], addresses: list[str], ttl_s: int) -> None:
+        """Let the sandbox reach these addresses (its resolver's answer for a name these rules allow), on the
+        rules' ports and protocols, for ``ttl_s`` seconds (connections open by then stay open)."""
+        tag = _tag(sandbox_id)
+        with_ports: list[Any] = []
+        any_port: list[Any] = []
+        for rule in rules:
+            protocols = ("tcp", "udp") if rule.protocol == "any" else (rule.protocol,)
+            for address in addresses:
+                for protocol in protocols:
+                    if rule.ports:
+                        with_ports.extend(
+                            {"elem": {"val": {"concat": [address, protocol, port]}, "timeout": ttl_s}} for port in rule.ports
+                        )
+                    else:
+                        any_port.append({"elem": {"val": {"concat": [address, protocol]}, "timeout": ttl_s}})
+        commands = []
+        if with_ports:
+            commands.append({"add": self._object("element", name=f"a-{tag}", elem=with_ports)})
+        if any_port:
+            commands.append({"add": self._object("element", name=f"ap-{tag}", elem=any_port)})
+        if commands:
+            self._run(commands)
+
+    def remove_table(self) -> None:
+        """The engine's table, hooks and all (the offline reclaim: no sandbox of this engine is left)."""
+        self._command([{"delete": {"table": {"family": "inet", "name": self.table}}}])
+        self._ready = False
+
+    def stats(self, sandbox_id: str) -> dict[str, Any]:
+        """Bytes in and out (as the host's end of its veth counts them), refused packets, and the last
+        refused destinations with the reason."""
+        tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
+        # What the host's end receives, the sandbox sent (refused packets included), and the reverse.
+        sent, received = _counter(ifname, "rx_bytes"), _counter(ifname, "tx_bytes")
+        denied_packets = 0
+        counter = self._list("counter", f"n-{tag}")
+        for item in counter:
+            if "counter" in item:
+                denied_packets = item["counter"].get("packets", 0)
+        attempts = []
+        now = time.time()
+        for item in self._list("set", f"d-{tag}"):
+            for element in (item.get("set") or {}).get("elem") or []:
+                value = element.get("elem", {}) if isinstance(element, dict) else {}
+                key = value.get("val", {}).get("concat") if isinstance(value, dict) else None
+                if not key:
+                    continue
+                address, protocol, port = key
+                expires = value.get("expires", DENIED_TIMEOUT_S)
+                attempts.append(
+                    {
+                        "address": address,
+                        "protocol": protocol,
+                        "port": port,
+                        "rule": refusal_reason(address, port),
+                        "at": round(now - (DENIED_TIMEOUT_S - expires), 3),
+                    }
+                )
+        attempts.sort(key=lambda attempt: attempt["at"], reverse=True)
+        return {
+            "bytes_out": sent,
+            "bytes_in": received,
+            "denied_packets": denied_packets,
+            "denied": attempts[:DENIED_SHOWN],
+        }
+
+    def _list(self, kind: str, name: str) -> list[dict[str, Any]]:
+        rc, output, _ = self._command([{"list": self._object(kind, name=name)}])
+        if rc != 0 or not isinstance(output, dict):
+            return []
+        return [item for item in output.get("nftables", []) if isinstance(item, dict)]
+
+    def reclaim(self, keep: dict[str, str]) -> int:
+        """Remove what was made for sandboxes not in ``keep`` (id -> address): leaked devices, elements,
+        chains, sets and counters, and group members that are gone.  How many sandboxes' leftovers were
+        removed."""
+        self.setup()
+        keep_tags = {_tag(sandbox_id) for sandbox_id in keep}
+        kept_addresses = set(keep.values())
+        leaked: dict[str, str] = {}
+        groups: dict[str, list[str]] = {}
+        rc, output, _ = self._command([{"list": {"table": {"family": "inet", "name": self.table}}}])
+        if rc == 0 and isinstance(output, dict):
+            for item in output.get("nftables", []):
+                chain = item.get("chain") if isinstance(item, dict) else None
+                if chain and chain.get("name", "")[:2] in ("e-", "h-", "r-"):
+                    tag = chain["name"][2:]
+                    if tag not in keep_tags:
+                        leaked[tag] = "fy" + tag
+                named_set = item.get("set") if isinstance(item, dict) else None
+                if named_set and named_set.get("name", "").startswith("g-"):
+                    groups[named_set["name"]] = []
+        for name in groups:
+            for item in self._list("set", name):
+                elements = (item.get("set") or {}).get("elem") or []
+                groups[name] = [element for element in elements if isinstance(element, str)]
+
+        def remove_devices(ipr: Any) -> list[str]:
+            removed = []
+            for link in ipr.get_links():
+                name = link.get_attr("IFLA_IFNAME") or ""
+                if not name.startswith("fy") or name[2:] in keep_tags:
+                    continue
+                addresses = [address.get_attr("IFA_ADDRESS") for address in ipr.get_addr(index=link["index"], family=2)]
+                if any(address and ipaddress.IPv4Address(address) in self.pool for address in addresses):
+                    ipr.link("del", index=link["index"])
+                    removed.append(name)
+            return removed
+
+        for name in _netlink(remove_devices):
+            leaked.setdefault(name[2:], name)
+        self._remove_rules(sorted(leaked.items()))
+        for name, members in groups.items():
+            gone = [address for address in members if address not in kept_addresses]
+            if gone:
+                self._command([{"delete": self._object("element", name=name, elem=gone)}])
+            self._command([{"delete": self._object("set", name=name)}])  # refused while a member's rules use it
+        return len(leaked)
+
+
+def _no_ipv6(ifname: str) -> None:
+    """No IPv6 on this interface (of the calling thread's network namespace), link-local included."""
+    try:
+        with open(f"/proc/sys/net/ipv6/conf/{ifname}/disable_ipv6", "w") as sysctl:
+            sysctl.write("1")
+    except FileNotFoundError:
+        pass  # a kernel without IPv6: nothing to turn off
+
+
+def _counter(ifname: str, name: str) -> int:
+    try:
+        with open(f"/sys/class/net/{ifname}/statistics/{name}") as counter:
+            return int(counter.read())
+    except (OSError, ValueError):
+        return 0
+
+
+def refusal_reason(address: str, port: int = 0) -> str:
+    if port == 53:
+        return "DNS goes to the sandbox's own resolver only"
+    try:
+        parsed = ipaddress.IPv4Address(address)
+    except ValueError:
+        return "no rule allows it"
+    if parsed in METADATA:
+        return "link-local and metadata addresses are never reachable"
+    if any(parsed in private for private in PRIVATE):
+        return "private address: only a rule naming it allows it"
+    return "no rule allows it"

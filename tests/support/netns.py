@@ -1,0 +1,146 @@
+"""A server of the test's own, in a network namespace it makes: what network tests may send traffic to.
+
+MEASURED.md's network rule: test namespaces take addresses from 198.18.0.0/15 only, and the route to the
+server is checked to go through the test's own veth before anything is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+SERVER = textwrap.dedent(
+    """
+    import selectors, socket, sys, threading
+    log_dir = sys.argv[1]
+
+    def sink():  # port 8082: reads a connection to its end, then answers how much came (benchmarks)
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", 8082))
+        listener.listen(16)
+        while True:
+            connection, _ = listener.accept()
+            received = 0
+            while chunk := connection.recv(1 << 20):
+                received += len(chunk)
+            connection.sendall(str(received).encode())
+            connection.close()
+
+    threading.Thread(target=sink, daemon=True).start()
+    selector = selectors.DefaultSelector()
+    for port in (8080, 8081, 80, 443):
+        listener = socket.socket()
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(("0.0.0.0", port))
+        listener.listen(64)
+        selector.register(listener, selectors.EVENT_READ, port)
+    dns = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    dns.bind(("0.0.0.0", 53))
+    selector.register(dns, selectors.EVENT_READ, 53)
+    udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)  # UDP 8080: logs what arrives
+    udp.bind(("0.0.0.0", 8080))
+    selector.register(udp, selectors.EVENT_READ, "udp")
+    print("ready", flush=True)
+    while True:
+        for key, _ in selector.select():
+            if key.data in (53, "udp"):
+                data, _ = key.fileobj.recvfrom(4096)
+                with open(f"{log_dir}/{'port-53' if key.data == 53 else 'udp-8080'}.log", "ab") as log:
+                    log.write(data)
+                continue
+            connection, _ = key.fileobj.accept()
+            local = connection.getsockname()[0]
+            connection.settimeout(5)
+            with open(f"{log_dir}/{local}-{key.data}.log", "ab") as log:
+                log.write(b"connection\\n")
+                try:
+                    data = connection.recv(16384)
+                    log.write(data)
+                    connection.sendall(b"pong " + data)
+                except OSError:
+                    pass
+            connection.close()
+    """
+)
+
+
+@dataclass
+class Server:
+    """A namespace of the test's own with a TCP server on 8080, 8081, 80 and 443 (each logs what it is sent
+    and answers "pong " and that), a sink on 8082 (benchmarks) and a UDP port 53 that only listens, at
+    ``address`` and at ``other`` (a second address of the same namespace)."""
+
+    address: str
+    other: str
+    log_dir: Path
+
+    def received(self, port: int, address: str = "", protocol: str = "tcp") -> bytes:
+        """What reached ``port`` at ``address`` (the first one by default); port 53: any DNS datagram;
+        ``protocol="udp"``: what reached UDP 8080."""
+        name = "port-53.log" if port == 53 else "udp-8080.log" if protocol == "udp" else f"{address or self.address}-{port}.log"
+        path = self.log_dir / name
+        return path.read_bytes() if path.exists() else b""
+
+
+def ip(*args: str) -> str:
+    return subprocess.run(["ip", *args], check=True, capture_output=True, text=True).stdout
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Server]:
+    with serving(tmp_path) as running:
+        yield running
+
+
+@contextlib.contextmanager
+def serving(tmp_path: Path) -> Iterator[Server]:
+    """The server's namespace, made and removed (the ``server`` fixture; benchmarks use it directly)."""
+    tag = os.urandom(3).hex()
+    third = int(tag[:2], 16) % 200 + 20
+    namespace, outside = f"fyt-{tag}", f"fyt{tag}a"
+    address, other, host_address = f"198.18.{third}.2", f"198.18.{third}.3", f"198.18.{third}.1"
+    ip("netns", "add", namespace)
+    process = None
+    try:
+        ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        ip("addr", "add", f"{host_address}/24", "dev", outside)
+        ip("link", "set", outside, "up")
+        ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
+        ip("-n", namespace, "addr", "add", f"{other}/24", "dev", "eth0")
+        ip("-n", namespace, "link", "set", "eth0", "up")
+        ip("-n", namespace, "link", "set", "lo", "up")
+        # The network rule: the route to the server must be our own veth before anything is sent.
+        for target in (address, other):
+            route = json.loads(ip("-j", "route", "get", target))
+            assert route[0]["dev"] == outside, route
+        log_dir = tmp_path / "server"
+        log_dir.mkdir()
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", namespace, sys.executable, "-c", SERVER, str(log_dir)], stdout=subprocess.PIPE
+        )
+        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+        yield Server(address, other, log_dir)
+    finally:
+        if process is not None:
+            process.kill()
+            process.wait()
+        subprocess.run(["ip", "link", "del", outside], capture_output=True)
+        ip("netns", "del", namespace)
+
+
+def allow(server: Server, *ports: int, protocol: str = "tcp") -> dict[str, Any]:
+    """A network (the engine's ``network``) allowing the server's /24 on these ports."""
+    network = str(ipaddress.ip_network(f"{server.address}/24", strict=False))
+    return {"egress": [{"cidr": network, "ports": list(ports), "protocol": protocol}]}
