@@ -46,7 +46,9 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 def cli(stack: Stack) -> Run:
     """Runs the installed ``forkyard`` command against the stack, as team A."""
 
-    def run(*args: str, key: str | None = None, stdin: str | None = None, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    def run(
+        *args: str, key: str | None = None, stdin: str | None = None, timeout: float = 120
+    ) -> subprocess.CompletedProcess[str]:
         environment = {**os.environ, "FORKYARD_URL": stack.url, "FORKYARD_API_KEY": key or stack.teams[0].key}
         command = [str(CLI)] if CLI.exists() else [sys.executable, "-m", "forkyard.cli"]
         return subprocess.run(command + list(args), env=environment, input=stdin, capture_output=True, text=True, timeout=timeout)

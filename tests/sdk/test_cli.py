@@ -39,8 +39,12 @@ def test_sandbox_commands(cli: Run, stack: Stack) -> None:
         timed_out = cli("exec", "--timeout", "0.5", sandbox, "sleep 5")
         assert timed_out.returncode == 124 and "error [timed_out]" in timed_out.stderr
 
-        binary = subprocess.run([str(CLI), "exec", sandbox, "printf '\\377\\000\\376'; cat /bin/busybox"], capture_output=True,
-                                env={**os.environ, "FORKYARD_URL": stack.url, "FORKYARD_API_KEY": stack.teams[0].key}, timeout=60)
+        binary = subprocess.run(
+            [str(CLI), "exec", sandbox, "printf '\\377\\000\\376'; cat /bin/busybox"],
+            capture_output=True,
+            env={**os.environ, "FORKYARD_URL": stack.url, "FORKYARD_API_KEY": stack.teams[0].key},
+            timeout=60,
+        )
         assert binary.returncode == 0 and binary.stdout[:3] == b"\xff\x00\xfe" and len(binary.stdout) > (1 << 20)  # byte for byte
 
         as_json = json.loads(cli("--json", "exec", sandbox, "echo hi").stdout)
@@ -66,8 +70,11 @@ def test_sandbox_commands(cli: Run, stack: Stack) -> None:
 
 
 def test_errors_are_one_line_and_exit_nonzero(cli: Run, stack: Stack) -> None:
-    for args, code in [(("get", "sb_nope"), "sandbox_not_found"), (("create", "--size", "huge"), "invalid_size"),
-                       (("launches", "get", "launch_nope"), "launch_not_found")]:
+    for args, code in [
+        (("get", "sb_nope"), "sandbox_not_found"),
+        (("create", "--size", "huge"), "invalid_size"),
+        (("launches", "get", "launch_nope"), "launch_not_found"),
+    ]:
         completed = cli(*args)
         assert completed.returncode == 1 and completed.stderr.startswith(f"error [{code}]: "), completed.stderr
         no_traceback(completed)
@@ -79,13 +86,20 @@ def test_errors_are_one_line_and_exit_nonzero(cli: Run, stack: Stack) -> None:
     assert usage.returncode == 2 and "usage:" in usage.stderr
     no_traceback(usage)
     environment = {key: value for key, value in os.environ.items() if key != "FORKYARD_API_KEY"}
-    unset = subprocess.run([sys.executable, "-m", "forkyard.cli", "--url", stack.url, "whoami"], env=environment,
-                           capture_output=True, text=True, timeout=60)
+    unset = subprocess.run(
+        [sys.executable, "-m", "forkyard.cli", "--url", stack.url, "whoami"],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert unset.returncode == 1 and unset.stderr.startswith("error [configuration]: ")
 
 
 def test_launch_with_wait_and_progress(cli: Run) -> None:
-    launched = cli("launch", "--count", "24", "--size", "tiny", "--ttl", "120", "--wait", "--progress", "--label", "via=cli-launch")
+    launched = cli(
+        "launch", "--count", "24", "--size", "tiny", "--ttl", "120", "--wait", "--progress", "--label", "via=cli-launch"
+    )
     assert launched.returncode == 0, launched.stderr
     summary = launched.stdout.strip()
     # The launch's own state may still say "creating" for a moment after every sandbox runs: the counts are what matter.
@@ -111,7 +125,12 @@ def test_account_commands(cli: Run) -> None:
     assert who.returncode == 0 and "team Team A" in who.stdout and "requests/s" in who.stdout
     assert "base" in cli("templates").stdout
     assert json.loads(cli("templates", "base", "--json").stdout)[0]["name"] == "base"
-    assert "total" in cli("usage", "--group-by", "all").stdout
+    shown = cli("usage", "--group-by", "all").stdout
+    assert "total" in shown
+    # Amounts read like money, and the window is the one the API answered for.
+    assert "E-" not in shown and "from - to -" not in shown, shown
+    assert re.search(r"^usage from \d{4}-\d\d-\d\d \d\d:\d\d:\d\d to \d{4}-", shown, re.M), shown
+    assert re.search(r"total\s+(\d[\d,]*\.\d\d|0\.\d{2,6}|<0\.000001) USD", shown), shown
 
     created = json.loads(cli("keys", "create", "cli-made", "--json").stdout)
     assert created["secret"].startswith("fy_") and created["key"]["role"] == "member"
@@ -124,13 +143,13 @@ def test_account_commands(cli: Run) -> None:
 
 def test_demo(stack: Stack) -> None:
     environment = {**os.environ, "FORKYARD_URL": stack.url, "FORKYARD_API_KEY": stack.teams[0].key}
-    completed = subprocess.run([sys.executable, "-m", "forkyard.demo", "--count", "12"], env=environment,
-                               capture_output=True, text=True, timeout=300)
+    completed = subprocess.run(
+        [sys.executable, "-m", "forkyard.demo", "--count", "12"], env=environment, capture_output=True, text=True, timeout=300
+    )
     assert completed.returncode == 0, completed.stdout + completed.stderr
     output = completed.stdout
     assert "sandbox 0 is sb-" in output and "Linux" in output
     assert "12 running, 0 failed of 12" in output and "p50" in output and "p95" in output and "killed   launch launch_" in output
-
 
 
 def test_pause_snapshot_and_fork_commands(cli: Run) -> None:
@@ -142,13 +161,28 @@ def test_pause_snapshot_and_fork_commands(cli: Run) -> None:
         assert "running" in cli("resume", sandbox).stdout
 
         missing_ready = cli("snapshot", sandbox, "--name", "x", "--service", "web=httpd -f -p 8080 -h /srv")
-        assert missing_ready.returncode == 1 and missing_ready.stderr.startswith("error [invalid_request]: give each service a --ready")
+        assert missing_ready.returncode == 1 and missing_ready.stderr.startswith(
+            "error [invalid_request]: give each service a --ready"
+        )
         bad_check = cli("snapshot", sandbox, "--name", "x", "--service", "web=true", "--ready", "web=tcp:eighty")
         assert bad_check.returncode == 2 and "NAME=tcp:PORT" in bad_check.stderr
         no_traceback(bad_check)
 
-        taken = cli("snapshot", sandbox, "--name", "cli-web", "--service", "web=httpd -f -p 8080 -h /srv",
-                    "--ready", "web=http:8080/", "--ready-timeout", "web=20", "--label", "via=cli", "-q")
+        taken = cli(
+            "snapshot",
+            sandbox,
+            "--name",
+            "cli-web",
+            "--service",
+            "web=httpd -f -p 8080 -h /srv",
+            "--ready",
+            "web=http:8080/",
+            "--ready-timeout",
+            "web=20",
+            "--label",
+            "via=cli",
+            "-q",
+        )
         assert taken.returncode == 0, taken.stderr
         snapshot = taken.stdout.strip()
         assert snapshot.startswith("snap_")

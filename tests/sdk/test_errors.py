@@ -40,8 +40,12 @@ def test_not_found_names_the_object_and_the_region(fy: Client) -> None:
 
 @pytest.mark.parametrize(
     ("options", "field"),
-    [({"size": "enormous"}, "size"), ({"size": "tiny", "ttl_s": 0}, "ttl_s"), ({"size": "tiny", "cpu": 1.0}, "size"),
-     ({"size": "tiny", "labels": {"bad key!": "x"}}, "labels")],
+    [
+        ({"size": "enormous"}, "size"),
+        ({"size": "tiny", "ttl_s": 0}, "ttl_s"),
+        ({"size": "tiny", "cpu": 1.0}, "size"),
+        ({"size": "tiny", "labels": {"bad key!": "x"}}, "labels"),
+    ],
 )
 def test_invalid_requests_name_the_field(fy: Client, options: dict[str, object], field: str) -> None:
     with pytest.raises(InvalidRequest) as raised:
@@ -89,10 +93,17 @@ def test_team_b_cannot_see_or_touch_team_a(fy: Client, fy_b: Client, sb: Sandbox
     launch = fy.launches.create(template="base", size="tiny", count=2, ttl_s=60)
     try:
         foreign = fy_b.sandboxes.ref(sb.id)
-        for action in (lambda: fy_b.sandboxes.get(sb.id), lambda: foreign.exec("id"), lambda: foreign.files.read("/etc/hostname"),
-                       lambda: foreign.files.write("/tmp/x", b"x"), foreign.pause, lambda: foreign.snapshot(name="stolen"),
-                       lambda: fy_b.sandboxes.kill(sb.id),
-                       lambda: fy_b.launches.get(launch.id), lambda: fy_b.launches.kill(launch.id)):
+        for action in (
+            lambda: fy_b.sandboxes.get(sb.id),
+            lambda: foreign.exec("id"),
+            lambda: foreign.files.read("/etc/hostname"),
+            lambda: foreign.files.write("/tmp/x", b"x"),
+            foreign.pause,
+            lambda: foreign.snapshot(name="stolen"),
+            lambda: fy_b.sandboxes.kill(sb.id),
+            lambda: fy_b.launches.get(launch.id),
+            lambda: fy_b.launches.kill(launch.id),
+        ):
             with pytest.raises(NotFound):
                 action()
         assert sb.id not in {sandbox.id for sandbox in fy_b.sandboxes.list_all()}
@@ -108,7 +119,9 @@ def test_quota_is_rate_limited_with_retry_after(fy: Client, stack: Stack) -> Non
     with Client(stack.url, stack.teams[0].key, max_retries=0) as impatient, pytest.raises(RateLimited) as raised:
         impatient.launches.create(template="base", size="tiny", count=too_many)
     error = raised.value
-    assert error.code == "sandbox_quota_exceeded" and error.status == 429 and error.retry_after is not None and error.retry_after > 0
+    assert (
+        error.code == "sandbox_quota_exceeded" and error.status == 429 and error.retry_after is not None and error.retry_after > 0
+    )
 
     with Client(stack.url, stack.teams[0].key, retry=RetryPolicy(max_retries=1, budget_s=30)) as patient:
         started = time.monotonic()

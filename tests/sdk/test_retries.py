@@ -6,6 +6,10 @@ reading a request, or to fail exactly the first N attempts.  These tests pin
 down what the SDK does then: which calls it repeats, how long it waits, and
 that a repeated create carries the same idempotency key.  The 429 path is also
 exercised against the real server in test_errors.py (the sandbox quota).
+
+How long the SDK waits is read from the waits it asks for (a fake clock in place
+of the one ``forkyard._http`` sleeps and measures its budget with), not from a
+wall clock that a loaded machine stretches.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 import httpx
 import pytest
 
+import forkyard._http
 from forkyard import (
     AsyncClient,
     Client,
@@ -47,43 +52,73 @@ class Script:
     def __init__(self, *answers: httpx.Response | Exception) -> None:
         self.answers = list(answers)
         self.requests: list[httpx.Request] = []
-        self.times: list[float] = []
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         self.requests.append(request)
-        self.times.append(time.monotonic())
         answer = self.answers.pop(0)
         if isinstance(answer, Exception):
             raise answer
         return answer
 
     def client(self, retry: RetryPolicy = FAST) -> Client:
-        return Client("http://forkyard.test", "fy_key", retry=retry, transport=httpx.MockTransport(self))
+        # Through the API only: a sandbox known by its id would first be looked up for its data path
+        # (tests/sdk/test_direct.py), an answer these scripts do not hold.
+        return Client("http://forkyard.test", "fy_key", retry=retry, transport=httpx.MockTransport(self), direct=False)
 
     def bodies(self) -> list[dict[str, object]]:
         return [json.loads(request.content) for request in self.requests]
 
 
-def test_503_on_a_get_waits_for_retry_after() -> None:
+class Clock:
+    """Stands in for the ``time`` module of ``forkyard._http``: its sleeps are recorded and move the clock at once."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.sleeps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self.now += seconds
+
+
+@pytest.fixture
+def clock(monkeypatch: pytest.MonkeyPatch) -> Clock:
+    fake = Clock()
+    monkeypatch.setattr(forkyard._http, "time", fake)
+    return fake
+
+
+def test_503_on_a_get_waits_for_retry_after(clock: Clock) -> None:
     script = Script(error(503, "dependency_unavailable", retry_after="0.3"), httpx.Response(200, json=SANDBOX))
     assert script.client().sandboxes.get("sb_1").id == "sb_1"
-    assert len(script.requests) == 2 and script.times[1] - script.times[0] >= 0.28
+    assert len(script.requests) == 2 and clock.sleeps == [0.3]
 
 
-def test_retry_after_is_capped() -> None:
+def test_retry_after_is_capped(clock: Clock) -> None:
     script = Script(error(429, "rate_limited", retry_after="3600"), httpx.Response(200, json=SANDBOX))
-    started = time.monotonic()
     script.client(RetryPolicy(max_retries=2, max_retry_after_s=0.2)).sandboxes.get("sb_1")
-    assert 0.15 <= time.monotonic() - started < 2
+    assert len(script.requests) == 2 and clock.sleeps == [0.2]
 
 
-def test_the_total_budget_bounds_the_waits() -> None:
+def test_the_total_budget_bounds_the_waits(clock: Clock) -> None:
     script = Script(*[error(503, "unavailable", retry_after="0.2") for _ in range(10)])
-    started = time.monotonic()
     with pytest.raises(Unavailable) as raised:
         script.client(RetryPolicy(max_retries=10, max_retry_after_s=1, budget_s=0.5)).sandboxes.get("sb_1")
-    assert time.monotonic() - started < 1.0 and len(script.requests) == 3
+    # Waits of 0.2 s while they fit in 0.5 s: two (0.4 s), then the third failure is raised.
+    assert clock.sleeps == [0.2, 0.2] and len(script.requests) == 3
     assert raised.value.retry_after == pytest.approx(0.2)
+
+
+def test_backoff_without_retry_after_stays_within_its_bounds(clock: Clock) -> None:
+    script = Script(*[httpx.ConnectError("refused") for _ in range(4)], httpx.Response(200, json=SANDBOX))
+    policy = RetryPolicy(max_retries=5, backoff_s=0.1, max_backoff_s=0.3, budget_s=60)
+    assert script.client(policy).sandboxes.get("sb_1").id == "sb_1"
+    assert len(clock.sleeps) == 4 and len(script.requests) == 5
+    # Full jitter: attempt n waits anywhere in [0, min(0.3, 0.1 * 2**n)].
+    assert all(0 <= slept <= min(0.3, 0.1 * 2**attempt) for attempt, slept in enumerate(clock.sleeps)), clock.sleeps
 
 
 def test_max_retries_zero_disables_retries() -> None:
@@ -156,8 +191,11 @@ def test_a_streamed_upload_is_never_sent_twice() -> None:
 
 
 def test_errors_are_typed_without_json() -> None:
-    script = Script(httpx.Response(502, text="<html>bad gateway</html>"), httpx.Response(500, text="oops"),
-                    httpx.Response(422, json={"error": {"code": "invalid_request", "message": "m", "field": "cmd"}}))
+    script = Script(
+        httpx.Response(502, text="<html>bad gateway</html>"),
+        httpx.Response(500, text="oops"),
+        httpx.Response(422, json={"error": {"code": "invalid_request", "message": "m", "field": "cmd"}}),
+    )
     client = script.client(RetryPolicy(max_retries=0))
     with pytest.raises(Unavailable) as gateway:
         client.me()
@@ -171,7 +209,9 @@ def test_errors_are_typed_without_json() -> None:
 
 def test_async_client_retries_the_same_way() -> None:
     async def scenario() -> tuple[str, int]:
-        script = Script(error(503, "unavailable", retry_after="0.1"), httpx.ConnectError("refused"), httpx.Response(200, json=SANDBOX))
+        script = Script(
+            error(503, "unavailable", retry_after="0.1"), httpx.ConnectError("refused"), httpx.Response(200, json=SANDBOX)
+        )
         async with AsyncClient("http://forkyard.test", "fy_key", retry=FAST, transport=httpx.MockTransport(script)) as fy:
             sandbox = await fy.sandboxes.get("sb_1")
         return sandbox.id, len(script.requests)
@@ -207,7 +247,10 @@ def test_parse_retry_after_http_date() -> None:
 
 
 def test_error_from_response_keeps_details() -> None:
-    failure = error_from_response(409, {"X-Forkyard-Region": "eu-1", "Retry-After": "3"},
-                                  b'{"error": {"code": "sandbox_not_running", "message": "m", "details": {"state": "paused"}}}')
+    failure = error_from_response(
+        409,
+        {"X-Forkyard-Region": "eu-1", "Retry-After": "3"},
+        b'{"error": {"code": "sandbox_not_running", "message": "m", "details": {"state": "paused"}}}',
+    )
     assert isinstance(failure, Conflict)
     assert (failure.region, failure.retry_after, failure.details) == ("eu-1", 3.0, {"state": "paused"})

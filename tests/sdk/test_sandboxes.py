@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from forkyard import Client, Conflict, Sandbox
+from forkyard import Client, Conflict, ForkyardError, Sandbox
 
 pytestmark = pytest.mark.root
 
@@ -92,6 +92,47 @@ def test_files_read_write_list_remove(sb: Sandbox) -> None:
     assert "a.py" not in {entry.name for entry in sb.files.list("/data")}
 
 
+def test_a_download_the_engine_cannot_finish_raises(sb: Sandbox) -> None:
+    """A walk deeper than the engine goes fails midway: the SDK raises, whole or streamed, and never
+    hands over a truncated archive as if it were whole."""
+    sb.exec("d=/tmp/deep; for i in $(seq 300); do d=$d/d; done; mkdir -p $d")
+    with pytest.raises(ForkyardError):
+        sb.files.download("/tmp/deep")
+    with pytest.raises(ForkyardError):
+        for _ in sb.files.download_stream("/tmp/deep"):
+            pass
+
+
+def test_a_tree_renamed_under_a_download_gives_a_whole_archive_or_an_error(sb: Sandbox) -> None:
+    """The sandbox renames files while they are archived: each download ends (a guard thread, not a
+    timing), as a tar that reads to its end or as a ForkyardError."""
+    import threading
+
+    sb.exec("mkdir -p /tmp/churn && for i in $(seq 200); do head -c 4096 /dev/zero > /tmp/churn/f$i; done")
+    sb.exec(
+        "setsid sh -c 'while [ ! -e /tmp/stop ]; do for i in $(seq 200); do mv /tmp/churn/f$i /tmp/churn/g$i; "
+        "mv /tmp/churn/g$i /tmp/churn/f$i; done; done' </dev/null >/dev/null 2>&1 &"
+    )
+    outcomes: list[str] = []
+
+    def download_many() -> None:
+        for _ in range(10):
+            try:
+                archive = b"".join(sb.files.download_stream("/tmp/churn"))
+            except ForkyardError as error:
+                outcomes.append(f"error:{error.code}")
+                continue
+            with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+                outcomes.append(f"whole:{len(tar.getmembers())}")
+
+    worker = threading.Thread(target=download_many, daemon=True)
+    worker.start()
+    worker.join(timeout=240)
+    sb.exec("touch /tmp/stop")
+    assert not worker.is_alive(), f"a download hung; so far: {outcomes}"
+    assert len(outcomes) == 10, outcomes
+
+
 def test_archive_download_and_upload(sb: Sandbox, fy: Client) -> None:
     sb.files.write("/work/src/main.py", b"print('main')")
     sb.files.write("/work/src/lib/util.py", b"X = 1")
@@ -113,8 +154,6 @@ def test_pause_resume_refresh(sb: Sandbox) -> None:
     assert sb.refresh().state == "paused"
     assert sb.resume().state == "running"
     assert sb.exec("echo awake").stdout == "awake\n"
-
-
 
 
 def test_list_filters_and_pagination(fy: Client) -> None:

@@ -18,8 +18,11 @@ PAGE = "hello from the snapshot"
 @pytest.mark.root
 def test_snapshot_fork_and_delete(fy: Client, sb: Sandbox) -> None:
     assert sb.exec(f"mkdir -p /srv /work && echo '{PAGE}' > /srv/index.html && echo built > /work/deps").ok
-    snap = sb.snapshot(name="deps-installed", labels={"case": "sdk-snapshot"},
-                       services=[Service.tcp("web", "httpd -f -p 8080 -h /srv", 8080, timeout_s=20)])
+    snap = sb.snapshot(
+        name="deps-installed",
+        labels={"case": "sdk-snapshot"},
+        services=[Service.tcp("web", "httpd -f -p 8080 -h /srv", 8080, timeout_s=20)],
+    )
     assert snap.id.startswith("snap_") and snap.ready and snap.name == "deps-installed"
     assert snap.size_bytes > 0 and snap.layer_id and snap.template == "base" and snap.parent is None
     assert snap.services == [Service("web", "httpd -f -p 8080 -h /srv", {"tcp": 8080}, 20.0)]
@@ -65,8 +68,9 @@ def test_async_snapshot_and_fork(stack: Stack) -> None:
             try:
                 await sandbox.exec("echo async > /made")
                 assert (await sandbox.pause()).state == "paused"
-                snap = await sandbox.snapshot(name="async", services=[Service.exec("ticker", "while :; do date > /tmp/t; sleep 1; done",
-                                                                                    "test -s /tmp/t")])
+                snap = await sandbox.snapshot(
+                    name="async", services=[Service.exec("ticker", "while :; do date > /tmp/t; sleep 1; done", "test -s /tmp/t")]
+                )
                 assert snap.ready and snap.paused_ms == 0 and (await sandbox.refresh()).state == "paused"
                 assert snap.id in [item.id async for item in fy.snapshots.list_all()]
                 fork = await fy.sandboxes.create(snapshot=snap.id, size="tiny", ttl_s=60)
@@ -91,7 +95,9 @@ def scripted(states: list[dict[str, object]]) -> httpx.MockTransport:
         if request.method == "POST":
             body = json.loads(request.content)
             assert body["name"] == "s" and body["idempotency_key"].startswith("sdk-snapshot-")
-            assert body["services"] == [{"name": "db", "command": "pg", "ready": {"http": {"port": 5, "path": "/up"}}, "timeout_s": 30.0}]
+            assert body["services"] == [
+                {"name": "db", "command": "pg", "ready": {"http": {"port": 5, "path": "/up"}}, "timeout_s": 30.0}
+            ]
             return httpx.Response(202, json={"id": "snap_1", "state": "creating"})
         state = states.pop(0) if len(states) > 1 else states[0]
         return httpx.Response(200, json={"id": "snap_1", **state})
@@ -110,5 +116,8 @@ def test_a_failed_snapshot_raises_snapshot_failed() -> None:
 def test_waiting_for_a_snapshot_times_out() -> None:
     with Client("http://forkyard.test", "fy_key", transport=scripted([{"state": "creating"}])) as fy:
         with pytest.raises(WaitTimeout):
-            fy.sandboxes.ref("sb_1").snapshot(name="s", services=[{"name": "db", "command": "pg", "ready": {"http": {"port": 5, "path": "/up"}},
-                                                                   "timeout_s": 30.0}], timeout_s=0.3)
+            fy.sandboxes.ref("sb_1").snapshot(
+                name="s",
+                services=[{"name": "db", "command": "pg", "ready": {"http": {"port": 5, "path": "/up"}}, "timeout_s": 30.0}],
+                timeout_s=0.3,
+            )

@@ -27,7 +27,9 @@ import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -52,6 +54,7 @@ class Call:
     content: Any = None
     read_timeout_s: float | None = None
     headers: Mapping[str, str] = field(default_factory=dict)
+    sandbox: str | None = None  # a data-path call (exec, a file) of this sandbox: its host's gateway may answer it
 
     @property
     def idempotent(self) -> bool:
@@ -64,17 +67,122 @@ class Call:
         """False for a streamed body (a file object, an iterator): it cannot be sent twice."""
         return self.content is None or isinstance(self.content, bytes | str)
 
-    def request(self, http: httpx.Client | httpx.AsyncClient, default_timeout: httpx.Timeout) -> httpx.Request:
+    def request(
+        self, http: httpx.Client | httpx.AsyncClient, default_timeout: httpx.Timeout, route: Route | None = None
+    ) -> httpx.Request:
+        """The request to the API, or, with a ``route``, to the sandbox's host's gateway with its data token."""
         params = {name: value for name, value in (self.params or {}).items() if value is not None}
         timeout = default_timeout
         if self.read_timeout_s is not None:
-            timeout = httpx.Timeout(default_timeout.connect, read=self.read_timeout_s, write=default_timeout.write,
-                                    pool=default_timeout.pool)
+            timeout = httpx.Timeout(
+                default_timeout.connect, read=self.read_timeout_s, write=default_timeout.write, pool=default_timeout.pool
+            )
         content = self.content
         if hasattr(content, "read"):
             content = _file_chunks(content, asynchronous=isinstance(http, httpx.AsyncClient))
-        return http.build_request(self.method, API_PREFIX + self.path, params=params, json=self.json, content=content,
-                                  headers=dict(self.headers), timeout=timeout)
+        headers = dict(self.headers)
+        if route is not None:
+            headers["Authorization"] = f"Bearer {route.token}"
+        return http.build_request(
+            self.method,
+            (route.url if route is not None else "") + API_PREFIX + self.path,
+            params=params,
+            json=self.json,
+            content=content,
+            headers=headers,
+            timeout=timeout,
+        )
+
+
+@dataclass(frozen=True)
+class Route:
+    """Where one sandbox's commands and files go: its host's gateway, with a data token (the API's ``data_path``)."""
+
+    url: str
+    token: str
+    expires_at: float  # Unix time
+
+
+class DataRoutes:
+    """What the client knows of each sandbox's data path, learnt from the API's answers about it.
+
+    A command or a file of a sandbox goes straight to its host when its route is
+    known and has ``MARGIN_S`` left; else through the API, which answers the
+    same. A sandbox the client knows nothing of yet (``sandboxes.ref(id)``) is
+    looked up once (``GET /sandboxes/{id}``), then not again for ``AGAIN_S``.
+    A gateway that cannot be reached is left alone for ``AGAIN_S``; a token it
+    refuses (expired, revoked) is forgotten. ``enabled=False``: the API only.
+    """
+
+    MARGIN_S = 30.0
+    AGAIN_S = 30.0
+
+    def __init__(self, enabled: bool = True) -> None:
+        self.enabled = enabled
+        self.routes: dict[str, Route] = {}
+        self.unreachable: dict[str, float] = {}  # gateway url -> until
+        self.looked_up: dict[str, float] = {}  # sandbox id -> until
+        self.direct = 0  # calls the gateways answered (for tests and curious users)
+
+    def learn(self, data: Mapping[str, Any]) -> None:
+        found = data.get("data_path") if self.enabled else None
+        sandbox = data.get("id")
+        if not isinstance(sandbox, str):
+            return
+        if not isinstance(found, Mapping):
+            if data.get("state") not in (None, "running", "paused"):
+                self.routes.pop(sandbox, None)  # ended: nothing to reach
+            return
+        try:
+            expires_at = datetime.fromisoformat(str(found["expires_at"]).replace("Z", "+00:00")).timestamp()
+            route = Route(str(found["url"]).rstrip("/"), str(found["token"]), expires_at)
+        except (KeyError, ValueError):
+            return
+        if len(self.routes) > 100_000:
+            self.routes.clear()
+        self.routes[sandbox] = route
+
+    def route(self, sandbox: str | None) -> Route | None:
+        if sandbox is None or not self.enabled:
+            return None
+        route = self.routes.get(sandbox)
+        now = time.time()
+        if route is None or route.expires_at - now < self.MARGIN_S or self.unreachable.get(route.url, 0) > now:
+            return None
+        return route
+
+    def should_look_up(self, sandbox: str | None) -> bool:
+        """Whether to ask the API for this sandbox's route before its call (at most once per ``AGAIN_S``)."""
+        if sandbox is None or not self.enabled or self.route(sandbox) is not None:
+            return False
+        known = self.routes.get(sandbox)
+        if known is not None and self.unreachable.get(known.url, 0) > time.time():
+            return False
+        if self.looked_up.get(sandbox, 0) > time.monotonic():
+            return False
+        if len(self.looked_up) > 100_000:
+            self.looked_up.clear()
+        self.looked_up[sandbox] = time.monotonic() + self.AGAIN_S
+        return True
+
+    def gone(self, route: Route) -> None:
+        """The gateway could not be reached: the API answers meanwhile."""
+        self.unreachable[route.url] = time.time() + self.AGAIN_S
+
+    def refused(self, sandbox: str | None, route: Route) -> None:
+        """The gateway refused the token (expired, revoked, not its own): forget it."""
+        if sandbox is not None and self.routes.get(sandbox) == route:
+            del self.routes[sandbox]
+
+
+def refused_token(response: httpx.Response, body: bytes) -> bool:
+    """A gateway's 401 for its data token (rather than an answer of the call)."""
+    if response.status_code != 401:
+        return False
+    try:
+        return str(json.loads(body)["error"]["code"]).startswith("data_token")
+    except (ValueError, KeyError, TypeError):
+        return False
 
 
 UPLOAD_CHUNK = 256 * 1024
@@ -119,7 +227,9 @@ class RetryPolicy:
         if not call.replayable:
             return None
         if error.status == 429:
-            retryable = True
+            # Over a rate or a quota: it frees with time. Not a sandbox's process limit: only a
+            # process ending frees that, and waiting blindly for one helps nobody.
+            retryable = error.code != "too_many_processes"
         elif error.status in RETRIED_STATUSES:
             retryable = call.idempotent and "sandbox" not in error.details
         else:
@@ -147,7 +257,9 @@ class RateLimit:
     @classmethod
     def from_headers(cls, headers: httpx.Headers) -> RateLimit | None:
         try:
-            return cls(int(headers["X-RateLimit-Limit"]), int(headers["X-RateLimit-Remaining"]), int(headers["X-RateLimit-Reset"]))
+            return cls(
+                int(headers["X-RateLimit-Limit"]), int(headers["X-RateLimit-Remaining"]), int(headers["X-RateLimit-Reset"])
+            )
         except (KeyError, ValueError):
             return None
 
@@ -161,11 +273,20 @@ class Settings:
     timeout_s: float = 60.0
     connect_timeout_s: float = 10.0
     retry: RetryPolicy = field(default_factory=RetryPolicy)
+    direct: bool = True  # commands and files straight to each sandbox's host (DataRoutes)
 
     @classmethod
-    def resolve(cls, url: str | None, api_key: str | None, *, timeout_s: float, max_retries: int | None,
-                retry: RetryPolicy | None) -> Settings:
-        """Explicit arguments first, then FORKYARD_URL and FORKYARD_API_KEY."""
+    def resolve(
+        cls,
+        url: str | None,
+        api_key: str | None,
+        *,
+        timeout_s: float,
+        max_retries: int | None,
+        retry: RetryPolicy | None,
+        direct: bool | None = None,
+    ) -> Settings:
+        """Explicit arguments first, then FORKYARD_URL, FORKYARD_API_KEY and FORKYARD_DIRECT (0: through the API only)."""
         url = url or os.environ.get("FORKYARD_URL") or DEFAULT_URL
         api_key = api_key or os.environ.get("FORKYARD_API_KEY")
         if not api_key:
@@ -175,9 +296,16 @@ class Settings:
         url = url.rstrip("/").removesuffix(API_PREFIX)
         policy = retry or RetryPolicy()
         if max_retries is not None:
-            policy = RetryPolicy(max_retries=max_retries, backoff_s=policy.backoff_s, max_backoff_s=policy.max_backoff_s,
-                                 max_retry_after_s=policy.max_retry_after_s, budget_s=policy.budget_s)
-        return cls(url=url, api_key=api_key, timeout_s=timeout_s, retry=policy)
+            policy = RetryPolicy(
+                max_retries=max_retries,
+                backoff_s=policy.backoff_s,
+                max_backoff_s=policy.max_backoff_s,
+                max_retry_after_s=policy.max_retry_after_s,
+                budget_s=policy.budget_s,
+            )
+        if direct is None:
+            direct = os.environ.get("FORKYARD_DIRECT", "1") != "0"
+        return cls(url=url, api_key=api_key, timeout_s=timeout_s, retry=policy, direct=direct)
 
     def client_options(self) -> dict[str, Any]:
         return {
@@ -208,8 +336,8 @@ class Attempts:
         self.settings, self.call = settings, call
         self.started, self.count = time.monotonic(), 0
 
-    def request(self, http: httpx.Client | httpx.AsyncClient) -> httpx.Request:
-        return self.call.request(http, self.settings.timeout())
+    def request(self, http: httpx.Client | httpx.AsyncClient, route: Route | None = None) -> httpx.Request:
+        return self.call.request(http, self.settings.timeout(), route)
 
     def delay_after(self, failure: ForkyardError | httpx.TransportError) -> float:
         """Seconds to wait before the next attempt; raises the typed error when there is none."""
@@ -227,29 +355,47 @@ class Attempts:
 
 
 class Sender:
-    """Sends calls through an ``httpx.Client``, retrying as the policy allows."""
+    """Sends calls through an ``httpx.Client``, retrying as the policy allows; a sandbox's commands and files
+    go straight to its host when its route is known (``DataRoutes``)."""
 
     def __init__(self, settings: Settings, transport: httpx.BaseTransport | None = None) -> None:
         self.settings = settings
         self.http = httpx.Client(transport=transport, **settings.client_options())
         self.rate_limit: RateLimit | None = None
+        self.routes = DataRoutes(settings.direct)
+
+    def _route(self, call: Call) -> Route | None:
+        if self.routes.should_look_up(call.sandbox):
+            try:
+                self.routes.learn(self.json(Call("GET", f"/sandboxes/{quote(str(call.sandbox), safe='')}")))
+            except ForkyardError:
+                pass  # the call itself, through the API, says what is wrong
+        return self.routes.route(call.sandbox)
 
     def open(self, call: Call) -> httpx.Response:
         """The first 2xx answer, its body not yet read; a typed error otherwise."""
         attempts = Attempts(self.settings, call)
         while True:
+            route = self._route(call) if call.replayable else None  # a streamed body cannot be sent twice
             try:
-                response = self.http.send(attempts.request(self.http), stream=True)
+                response = self.http.send(attempts.request(self.http, route), stream=True)
                 if not response.is_success:
                     try:
                         body = response.read()
                     finally:
                         response.close()
             except httpx.TransportError as error:
+                if route is not None and isinstance(error, NOT_SENT):
+                    self.routes.gone(route)  # nothing was sent: the API answers it now
+                    continue
                 time.sleep(attempts.delay_after(error))
                 continue
+            if route is not None and not response.is_success and refused_token(response, body):
+                self.routes.refused(call.sandbox, route)
+                continue  # nothing ran: the API answers it now
             self.rate_limit = RateLimit.from_headers(response.headers) or self.rate_limit
             if response.is_success:
+                self.routes.direct += route is not None
                 return response
             time.sleep(attempts.delay_after(error_from_response(response.status_code, response.headers, body)))
 
@@ -276,29 +422,47 @@ class Sender:
 
 
 class AsyncSender:
-    """Sends calls through an ``httpx.AsyncClient``, retrying as the policy allows."""
+    """Sends calls through an ``httpx.AsyncClient``, retrying as the policy allows; a sandbox's commands and
+    files go straight to its host when its route is known (``DataRoutes``)."""
 
     def __init__(self, settings: Settings, transport: httpx.AsyncBaseTransport | None = None) -> None:
         self.settings = settings
         self.http = httpx.AsyncClient(transport=transport, **settings.client_options())
         self.rate_limit: RateLimit | None = None
+        self.routes = DataRoutes(settings.direct)
+
+    async def _route(self, call: Call) -> Route | None:
+        if self.routes.should_look_up(call.sandbox):
+            try:
+                self.routes.learn(await self.json(Call("GET", f"/sandboxes/{quote(str(call.sandbox), safe='')}")))
+            except ForkyardError:
+                pass  # the call itself, through the API, says what is wrong
+        return self.routes.route(call.sandbox)
 
     async def open(self, call: Call) -> httpx.Response:
         """The first 2xx answer, its body not yet read; a typed error otherwise."""
         attempts = Attempts(self.settings, call)
         while True:
+            route = await self._route(call) if call.replayable else None  # a streamed body cannot be sent twice
             try:
-                response = await self.http.send(attempts.request(self.http), stream=True)
+                response = await self.http.send(attempts.request(self.http, route), stream=True)
                 if not response.is_success:
                     try:
                         body = await response.aread()
                     finally:
                         await response.aclose()
             except httpx.TransportError as error:
+                if route is not None and isinstance(error, NOT_SENT):
+                    self.routes.gone(route)  # nothing was sent: the API answers it now
+                    continue
                 await asyncio.sleep(attempts.delay_after(error))
                 continue
+            if route is not None and not response.is_success and refused_token(response, body):
+                self.routes.refused(call.sandbox, route)
+                continue  # nothing ran: the API answers it now
             self.rate_limit = RateLimit.from_headers(response.headers) or self.rate_limit
             if response.is_success:
+                self.routes.direct += route is not None
                 return response
             await asyncio.sleep(attempts.delay_after(error_from_response(response.status_code, response.headers, body)))
 

@@ -61,6 +61,12 @@ class InvalidRequest(ForkyardError):
     """400, 413 or 422: the request itself is wrong; ``field`` names the culprit."""
 
 
+class UnknownOption(InvalidRequest, TypeError):
+    """An option the SDK does not know (``sb.exec("...", tiemout=1)``), or one given under two names:
+    refused before anything is sent, never silently ignored.  ``field`` names it.  It is a
+    ``TypeError`` too, as Python's own unexpected keyword arguments are."""
+
+
 class Unauthorized(ForkyardError):
     """401: no API key, or one that is unknown, revoked or expired."""
 
@@ -104,6 +110,12 @@ class SnapshotFailed(ForkyardError):
 
 class WaitTimeout(ForkyardError, TimeoutError):
     """A wait in the SDK (a launch, a sandbox still starting) ran past its timeout."""
+
+
+class UnsafeArchive(ForkyardError):
+    """``download_dir`` refused an entry of the sandbox's archive that would land outside its
+    target directory (an absolute name, ``..``, a link leading out) or is a device or FIFO:
+    nothing of it was written.  ``details["entry"]`` names it."""
 
 
 class ConfigurationError(ForkyardError):

@@ -16,7 +16,8 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 from . import _calls as calls
 from ._http import AsyncSender, Call, RateLimit, Sender
-from .models import ApiKey, CreatedKey, NetworkPolicy, Template, Usage, WhoAmI
+from ._pages import Page
+from .models import ApiKey, CreatedKey, Lease, NetworkPolicy, Template, Usage, WhoAmI
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -76,8 +77,9 @@ class Endpoint(Generic[P, T]):
         return self._describe(call)
 
 
-def _each(parse: Callable[[Any], T]) -> Callable[[Any], list[T]]:
-    return lambda rows: [parse(row) for row in rows]
+def _page(name: str, parse: Callable[[Any], T]) -> Callable[[Any], Page[T]]:
+    """A list's answer: its items under their plural name, and the cursor of the next page."""
+    return lambda data: Page([parse(row) for row in data[name]], data.get("next_cursor"))
 
 
 def _nothing(_: Any) -> None:
@@ -87,14 +89,14 @@ def _nothing(_: Any) -> None:
 class Templates(Resource[S]):
     """``fy.templates``: the root filesystems sandboxes start from."""
 
-    list = Endpoint(calls.list_templates, _each(Template.from_api))
+    list = Endpoint(calls.list_templates, _page("templates", Template.from_api))
     get = Endpoint(calls.get_template, Template.from_api)
 
 
 class NetworkPolicies(Resource[S]):
     """``fy.network_policies``: where sandboxes may connect (egress rules)."""
 
-    list = Endpoint(calls.list_policies, _each(NetworkPolicy.from_api))
+    list = Endpoint(calls.list_policies, _page("network_policies", NetworkPolicy.from_api))
     create = Endpoint(calls.create_policy, NetworkPolicy.from_api)
     get = Endpoint(calls.get_policy, NetworkPolicy.from_api)
     update = Endpoint(calls.update_policy, NetworkPolicy.from_api)
@@ -104,9 +106,19 @@ class NetworkPolicies(Resource[S]):
 class Keys(Resource[S]):
     """``fy.keys``: the team's API keys (creating and revoking needs an admin key)."""
 
-    list = Endpoint(calls.list_keys, _each(ApiKey.from_api))
+    list = Endpoint(calls.list_keys, _page("keys", ApiKey.from_api))
     create = Endpoint(calls.create_key, CreatedKey.from_api)
     revoke = Endpoint(calls.revoke_key, ApiKey.from_api)
+
+
+class Leases(Resource[S]):
+    """``fy.leases``: leases taken by hand (``Client(lease=True)`` takes and keeps one itself)."""
+
+    create = Endpoint(calls.create_lease, Lease.from_api)
+    get = Endpoint(calls.get_lease, Lease.from_api)
+    list = Endpoint(calls.list_leases, _page("leases", Lease.from_api))
+    heartbeat = Endpoint(calls.heartbeat_lease, Lease.from_api)
+    end = Endpoint(calls.end_lease, Lease.from_api)
 
 
 class ClientBase(Resource[S]):
@@ -120,6 +132,7 @@ class ClientBase(Resource[S]):
         self.templates: Templates[S] = Templates(sender)
         self.network_policies: NetworkPolicies[S] = NetworkPolicies(sender)
         self.keys: Keys[S] = Keys(sender)
+        self.leases: Leases[S] = Leases(sender)
 
     @property
     def url(self) -> str:

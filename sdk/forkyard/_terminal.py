@@ -8,10 +8,10 @@ import sys
 import time
 from collections.abc import Iterable, Sequence
 from datetime import datetime
-from decimal import Decimal
+from decimal import ROUND_HALF_UP, Decimal
 from typing import Any, TextIO
 
-from .models import LaunchFields, SandboxFields, SnapshotFields
+from .models import LaunchFields, ProcessFields, SandboxFields, SnapshotFields
 
 GREEN, RED, YELLOW, DIM, RESET = "\x1b[32m", "\x1b[31m", "\x1b[33m", "\x1b[2m", "\x1b[0m"
 CLEAR_LINE = "\r\x1b[2K"
@@ -19,7 +19,7 @@ CLEAR_LINE = "\r\x1b[2K"
 
 def jsonable(value: Any) -> Any:
     """Anything the SDK returns, as plain JSON types (sandboxes and launches as the API sent them)."""
-    if isinstance(value, SandboxFields | LaunchFields | SnapshotFields):
+    if isinstance(value, SandboxFields | LaunchFields | SnapshotFields | ProcessFields):
         return value.data
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return {item.name: jsonable(getattr(value, item.name)) for item in dataclasses.fields(value)}
@@ -34,8 +34,9 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def print_json(value: Any, stream: TextIO | None = None) -> None:
-    print(json.dumps(jsonable(value), indent=2, sort_keys=False), file=stream or sys.stdout)
+def print_json(value: Any, stream: TextIO | None = None, *, compact: bool = False) -> None:
+    """``compact``: on one line (one of many: newline-delimited JSON)."""
+    print(json.dumps(jsonable(value), indent=None if compact else 2, sort_keys=False), file=stream or sys.stdout, flush=compact)
 
 
 def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], stream: TextIO | None = None) -> None:
@@ -49,6 +50,18 @@ def table(rows: Iterable[Sequence[Any]], headers: Sequence[str], stream: TextIO 
 
 def when(value: datetime | None) -> str:
     return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def money(amount: Decimal, currency: str = "USD") -> str:
+    """An amount as people read money: ``0.00 USD`` for nothing, cents from a cent up, up to six
+    places below that (a sandbox's fraction of a cent is not nothing); never ``0E-8``."""
+    if amount == 0:
+        return f"0.00 {currency}"
+    sign, amount = ("-" if amount < 0 else ""), abs(amount)
+    if amount >= Decimal("0.01"):
+        return f"{sign}{amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,} {currency}"
+    small = amount.quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
+    return f"{sign}{format(small, 'f').rstrip('0')} {currency}" if small else f"{sign}<0.000001 {currency}"
 
 
 def size_of(count: float) -> str:

@@ -62,23 +62,28 @@ async def run_each(sandboxes: list[AsyncSandbox], pacer: Pacer, concurrency: int
     return list(await asyncio.gather(*(one(index, sandbox) for index, sandbox in enumerate(sandboxes))))
 
 
-def report(count: int, launch: AsyncLaunch, to_running_s: float, runs: list[tuple[int, ExecResult, float]], exec_s: float,
-           total_s: float) -> None:
+def report(
+    count: int, launch: AsyncLaunch, to_running_s: float, runs: list[tuple[int, ExecResult, float]], exec_s: float, total_s: float
+) -> None:
     progress = launch.progress
     for index, result, _ in runs[:SHOWN]:
         print(f"  [{index}] " + result.stdout.strip().replace("\n", " | "))
     if len(runs) > SHOWN:
         print(f"  ... and {len(runs) - SHOWN} more")
     print()
-    print(f"launch   {progress.running} running, {progress.failed} failed of {count} in {to_running_s:.2f} s "
-          f"({progress.running / to_running_s if to_running_s else 0:.1f} sandboxes/s; server: {launch.elapsed_s:.2f} s, {launch.rate_per_s:.1f}/s)")
+    print(
+        f"launch   {progress.running} running, {progress.failed} failed of {count} in {to_running_s:.2f} s "
+        f"({progress.running / to_running_s if to_running_s else 0:.1f} sandboxes/s; server: {launch.elapsed_s:.2f} s, {launch.rate_per_s:.1f}/s)"
+    )
     if runs:
         api_ms = [seconds * 1000 for _, _, seconds in runs]
         inside_ms = [result.duration_ms for _, result, _ in runs]
         failed = sum(1 for _, result, _ in runs if not result.ok)
-        print(f"exec     {len(runs)} commands ({failed} failed) in {exec_s:.2f} s ({len(runs) / exec_s if exec_s else 0:.0f}/s): "
-              f"p50 {statistics.median(api_ms):.1f} ms, p95 {percentile(api_ms, 0.95):.1f} ms through the API "
-              f"(in the sandbox: p50 {statistics.median(inside_ms):.1f} ms)")
+        print(
+            f"exec     {len(runs)} commands ({failed} failed) in {exec_s:.2f} s ({len(runs) / exec_s if exec_s else 0:.0f}/s): "
+            f"p50 {statistics.median(api_ms):.1f} ms, p95 {percentile(api_ms, 0.95):.1f} ms through the API "
+            f"(in the sandbox: p50 {statistics.median(inside_ms):.1f} ms)"
+        )
     print(f"total    {total_s:.2f} s")
 
 
@@ -111,10 +116,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=100, help="how many sandboxes (default: 100)")
     parser.add_argument("--template", default="base")
     parser.add_argument("--size", default="tiny")
-    parser.add_argument("--concurrency", type=int, default=2,
-                        help="commands in flight at once (default: 2; more queue up in the server and only add latency)")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                        help="draw a progress bar on stderr (default: when it is a terminal)")
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=2,
+        help="commands in flight at once (default: 2; more queue up in the server and only add latency)",
+    )
+    parser.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="draw a progress bar on stderr (default: when it is a terminal)",
+    )
     args = parser.parse_args(argv)
     progress = args.progress if args.progress is not None else sys.stderr.isatty()
     try:

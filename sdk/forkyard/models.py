@@ -15,6 +15,8 @@ from datetime import datetime
 from decimal import Decimal
 from typing import Any, ClassVar, TypeVar
 
+from .errors import ForkyardError
+
 
 def parse_time(value: Any) -> datetime | None:
     """An ISO 8601 time from the API (``...Z`` included), or None."""
@@ -73,6 +75,63 @@ class ErrorInfo(ApiValue):
 
 
 @dataclass(frozen=True)
+class DeniedAttempt(ApiValue):
+    """A connection its network policy refused: where to, and why (``rule``)."""
+
+    address: str
+    protocol: str
+    port: int
+    rule: str
+    at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NetworkMetrics(ApiValue):
+    """A sandbox's traffic under its network policy: ``bytes_out`` (refused packets included), ``bytes_in``,
+    ``denied_packets``, and ``denied``: the last refused destinations, the latest first."""
+
+    CONVERT = {"denied": _each(DeniedAttempt)}
+
+    bytes_out: int = 0
+    bytes_in: int = 0
+    denied_packets: int = 0
+    denied: list[DeniedAttempt] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Metrics(ApiValue):
+    """What the kernel reports about a sandbox (``sandbox.metrics()``), or the same summed over a launch's running
+    and paused members (``launch.metrics()``: ``sandboxes`` measured, ``unreachable`` hosts' members left out;
+    the per-sandbox fields ``cpu_share``, ``age_s`` and the limits of one are 0 there).
+
+    ``cpu_s``: CPU time used; ``cpu_share``: the part of its CPU allowance used since it was ready;
+    ``memory_bytes`` now and ``memory_peak_bytes`` at most; ``pids``: processes now; ``disk_used_bytes``:
+    what its writable layer holds; ``oom_kills``: processes the kernel's OOM killer ended."""
+
+    at: datetime | None = None
+    sandbox: str | None = None
+    launch: str | None = None
+    sandboxes: int = 1
+    unreachable: int = 0
+    cpu_s: float = 0.0
+    cpu_limit: float = 0.0
+    cpu_share: float = 0.0
+    memory_bytes: int = 0
+    memory_peak_bytes: int = 0
+    memory_limit_bytes: int = 0
+    pids: int = 0
+    pids_max: int = 0
+    disk_used_bytes: int = 0
+    disk_files: int = 0
+    disk_limit_bytes: int = 0
+    oom_kills: int = 0
+    age_s: float = 0.0
+    network: NetworkMetrics | None = None  # under a network policy (a sandbox's metrics only)
+
+    CONVERT = {"network": lambda value: NetworkMetrics.from_api(value) if value else None}
+
+
+@dataclass(frozen=True)
 class ExecResult(ApiValue):
     """The outcome of a command.  A timeout is a result (``timed_out``), not an error.
 
@@ -91,6 +150,7 @@ class ExecResult(ApiValue):
     stdout_truncated: bool = False
     stderr_truncated: bool = False
     encoding: str = "text"
+    replayed: bool = False  # the result of an earlier exec with the same idempotency key: nothing ran again
 
     @property
     def ok(self) -> bool:
@@ -111,6 +171,72 @@ def _as_bytes(text: str, encoding: str) -> bytes:
 
 
 @dataclass(frozen=True)
+class BatchResult:
+    """One sandbox's outcome in ``exec_many``: the command's ``result``, or the ``error`` that kept it
+    from running there (``NotFound``, ``Conflict`` for a sandbox not running, ``Unavailable``...)."""
+
+    sandbox_id: str
+    result: ExecResult | None = None
+    error: ForkyardError | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the command ran and exited 0 in time."""
+        return self.result is not None and self.result.ok
+
+    @property
+    def exit_code(self) -> int | None:
+        return self.result.exit_code if self.result is not None else None
+
+    @property
+    def stdout(self) -> str:
+        return self.result.stdout if self.result is not None else ""
+
+    @property
+    def stderr(self) -> str:
+        return self.result.stderr if self.result is not None else ""
+
+
+@dataclass(frozen=True)
+class BatchSummary(ApiValue):
+    """The last line of ``exec_many``: how many sandboxes, and how it went in them."""
+
+    sandboxes: int = 0
+    succeeded: int = 0  # exited 0 in time
+    failed: int = 0  # ran, and exited otherwise or timed out
+    errors: int = 0  # could not run it
+    duration_ms: float = 0.0
+
+
+@dataclass(frozen=True)
+class Killed(ApiValue):
+    """What ``kill_all`` asked: ``count`` sandboxes, of which ``stopping`` are being destroyed by their
+    hosts and ``destroyed`` were gone at once (they had not reached one)."""
+
+    count: int = 0
+    stopping: int = 0
+    destroyed: int = 0
+
+
+@dataclass(frozen=True)
+class Lease(ApiValue):
+    """A lease: sandboxes and launches named with it live while its heartbeats come (see ``Client(lease=...)``)."""
+
+    id: str
+    state: str = "active"  # active; expired (its heartbeats stopped); ended (its client ended it)
+    grace_s: int = 60
+    created_at: datetime | None = None
+    heartbeat_at: datetime | None = None
+    expires_at: datetime | None = None
+    ended_at: datetime | None = None
+    sandboxes_alive: int = 0
+
+    @property
+    def active(self) -> bool:
+        return self.state == "active"
+
+
+@dataclass(frozen=True)
 class ExecChunk:
     """Output of a streamed command as it came: ``stream`` is ``stdout`` or ``stderr``."""
 
@@ -121,6 +247,141 @@ class ExecChunk:
     @property
     def bytes(self) -> bytes:
         return _as_bytes(self.data, self.encoding)
+
+
+@dataclass(frozen=True)
+class ProcessStream(ApiValue):
+    """One stream of a background process's output, from the offset that was asked for.
+
+    ``data`` is text (UTF-8, invalid bytes replaced) or base64 (``bytes`` gives the exact
+    bytes either way).  Offsets count every byte the stream wrote: ``next_offset`` is where
+    to read from next.  The engine keeps the last 256 KiB of each stream: ``missed_bytes``
+    is what fell off before it was read, ``dropped_bytes`` all that fell off so far.
+    """
+
+    data: str = ""
+    offset: int = 0
+    next_offset: int = 0
+    missed_bytes: int = 0
+    total_bytes: int = 0
+    dropped_bytes: int = 0
+    encoding: str = "text"
+
+    @property
+    def bytes(self) -> bytes:
+        return _as_bytes(self.data, self.encoding)
+
+
+@dataclass(frozen=True)
+class ProcessOutput:
+    """What a background process wrote since it was last read: ``stdout``, ``stderr`` (``ProcessStream``)."""
+
+    stdout: ProcessStream
+    stderr: ProcessStream
+
+    @classmethod
+    def from_api(cls, data: Mapping[str, Any]) -> ProcessOutput:
+        encoding = str(data.get("encoding", "text"))
+        return cls(*(ProcessStream.from_api({**(data.get(name) or {}), "encoding": encoding}) for name in ("stdout", "stderr")))
+
+    @classmethod
+    def empty(cls, stdout_offset: int = 0, stderr_offset: int = 0) -> ProcessOutput:
+        return cls(
+            ProcessStream(offset=stdout_offset, next_offset=stdout_offset),
+            ProcessStream(offset=stderr_offset, next_offset=stderr_offset),
+        )
+
+
+def _joined(first: ProcessStream, then: ProcessStream) -> ProcessStream:
+    """Two reads of one stream, the first not handed out yet, as one."""
+    if first.encoding == "base64":
+        data = base64.b64encode(first.bytes + then.bytes).decode()
+    else:
+        data = first.data + then.data
+    return ProcessStream(
+        data,
+        first.offset,
+        then.next_offset,
+        first.missed_bytes + then.missed_bytes,
+        then.total_bytes,
+        then.dropped_bytes,
+        then.encoding,
+    )
+
+
+class ProcessFields:
+    """A background process's fields as the API last reported them.
+
+    ``pid`` is its pid inside the sandbox; ``state`` ``running`` or ``exited``;
+    ``exit_code``, ``exit_signal`` (the API's ``signal``: ``signal()`` is the method
+    that sends one) and ``timed_out`` once it exited; ``pty`` its terminal's
+    ``{"rows", "cols"}`` if it has one.  ``data`` is the answer as it came.
+    """
+
+    sandbox_id: str
+    pid: int
+    cmd: list[str]
+    cwd: str
+    state: str
+    exit_code: int | None
+    exit_signal: int | None
+    timed_out: bool
+    pty: dict[str, int] | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    stdout_bytes: int
+    stderr_bytes: int
+    data: dict[str, Any]
+
+    _offsets: tuple[int, int] = (0, 0)  # where stdout and stderr are to be read from next
+    _unread: ProcessOutput | None = None  # output that came with an answer and was not handed out yet
+    _reaped = False  # a wait saw it exit: the API no longer has it
+    _encoding = "text"
+
+    def _apply(self, data: Mapping[str, Any]) -> None:
+        self.data = dict(data)
+        self.pid = int(data["pid"])
+        self.cmd = [str(part) for part in data.get("cmd") or []]
+        self.cwd = str(data.get("cwd", ""))
+        self.state = str(data.get("state", ""))
+        self.exit_code = data.get("exit_code")
+        self.exit_signal = data.get("signal")
+        self.timed_out = bool(data.get("timed_out", False))
+        self.pty = dict(data["pty"]) if data.get("pty") else None
+        self.started_at = parse_time(data.get("started_at"))
+        self.ended_at = parse_time(data.get("ended_at"))
+        self.stdout_bytes = int(data.get("stdout_bytes", 0))
+        self.stderr_bytes = int(data.get("stderr_bytes", 0))
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    @property
+    def ok(self) -> bool:
+        """True once it exited 0 in time."""
+        return self.state == "exited" and self.exit_code == 0 and not self.timed_out
+
+    def _answered(self, data: Mapping[str, Any]) -> None:
+        """An answer with output: its fields applied, its output kept until ``output()`` hands it out."""
+        self._apply(data)
+        if self.pid == 0 and self.state == "exited":
+            self._reaped = True  # it never started: the API holds nothing to ask about (its reason came with it)
+        if "stdout" not in data:
+            return
+        self._encoding = str(data.get("encoding", self._encoding))
+        new = ProcessOutput.from_api(data)
+        self._offsets = (new.stdout.next_offset, new.stderr.next_offset)
+        if self._unread is not None:
+            new = ProcessOutput(_joined(self._unread.stdout, new.stdout), _joined(self._unread.stderr, new.stderr))
+        self._unread = new
+
+    def _take(self) -> ProcessOutput:
+        unread, self._unread = self._unread, None
+        return unread if unread is not None else ProcessOutput.empty(*self._offsets)
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.pid} in {self.sandbox_id} {self.state}>"
 
 
 @dataclass(frozen=True)
@@ -153,6 +414,28 @@ class FileListing(ApiValue):
 class FileWritten(ApiValue):
     path: str
     bytes: int
+
+
+@dataclass(frozen=True)
+class FileRenamed(ApiValue):
+    path: str
+    target: str
+
+
+@dataclass(frozen=True)
+class WatchEvent(ApiValue):
+    """A change of a watched directory: ``type`` is ``ready`` (the watch is in place), ``created``,
+    ``modified``, ``attributes``, ``deleted``, ``moved_from``, ``moved_to`` (paired by ``cookie``),
+    ``overflow`` (``dropped`` events were not kept) or ``end`` (its ``reason``: ``timeout``,
+    ``sandbox_ended``, ``directory_deleted``, ``directory_moved``, ``directory_unmounted``)."""
+
+    type: str
+    name: str | None = None
+    is_dir: bool = False
+    cookie: int | None = None
+    dropped: int = 0
+    reason: str | None = None
+    path: str | None = None
 
 
 @dataclass(frozen=True)
@@ -245,8 +528,12 @@ class NetworkPolicy(ApiValue):
     name: str
     description: str = ""
     egress: list[EgressRule] = field(default_factory=list)
+    same_launch: bool = False
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    # After an update: running and paused sandboxes now under the new rules, and those that keep the old ones.
+    applied_to: int | None = None
+    apply_failed: list[str] | None = None
 
 
 @dataclass(frozen=True)
@@ -296,9 +583,14 @@ class Usage:
 
     @classmethod
     def from_api(cls, data: Mapping[str, Any]) -> Usage:
-        return cls(start=parse_time(data.get("from")), end=parse_time(data.get("to")), group_by=str(data.get("group_by", "")),
-                   currency=str(data.get("currency", "USD")), total=_decimal(data.get("total", "0")),
-                   lines=_each(UsageLine)(data.get("lines")))
+        return cls(
+            start=parse_time(data.get("start", data.get("from"))),  # the API says start and end
+            end=parse_time(data.get("end", data.get("to"))),
+            group_by=str(data.get("group_by", "")),
+            currency=str(data.get("currency", "USD")),
+            total=_decimal(data.get("total", "0")),
+            lines=_each(UsageLine)(data.get("lines")),
+        )
 
 
 @dataclass(frozen=True)
@@ -340,14 +632,17 @@ class SandboxFields:
     cpu: float
     memory_mib: int
     ttl_s: int
+    idle_timeout_s: int
     network_policy: str | None
     labels: dict[str, str]
     launch: str | None
+    lease: str | None
     created_at: datetime | None
     ready_at: datetime | None
     expires_at: datetime | None
     ended_at: datetime | None
     error: ErrorInfo | None
+    end_reason: ErrorInfo | None  # why it ended on its own: ttl_expired, idle_timeout, exited
     data: dict[str, Any]
 
     def _apply(self, data: Mapping[str, Any]) -> None:
@@ -362,15 +657,19 @@ class SandboxFields:
         self.cpu = float(data.get("cpu", 0))
         self.memory_mib = int(data.get("memory_mib", 0))
         self.ttl_s = int(data.get("ttl_s", 0))
+        self.idle_timeout_s = int(data.get("idle_timeout_s") or 0)
         self.network_policy = data.get("network_policy")
         self.labels = _strings(data.get("labels"))
         self.launch = data.get("launch")
+        self.lease = data.get("lease")
         self.created_at = parse_time(data.get("created_at"))
         self.ready_at = parse_time(data.get("ready_at"))
         self.expires_at = parse_time(data.get("expires_at"))
         self.ended_at = parse_time(data.get("ended_at"))
         error = data.get("error")
         self.error = ErrorInfo.from_api(error) if error else None
+        end_reason = data.get("end_reason")
+        self.end_reason = ErrorInfo.from_api(end_reason) if end_reason else None
 
     @property
     def running(self) -> bool:
@@ -458,8 +757,10 @@ class LaunchFields:
     snapshot_id: str | None
     size: str | None
     count: int
+    memory_group_size: int  # its sandboxes share a memory cgroup this many at a time on each host
     ttl_s: int
     labels: dict[str, str]
+    lease: str | None
     created_at: datetime | None
     ready_at: datetime | None
     ended_at: datetime | None
@@ -476,8 +777,11 @@ class LaunchFields:
         self.snapshot_id = data.get("snapshot")
         self.size = data.get("size")
         self.count = int(data.get("count", 0))
+        self.memory_group_size = int(data.get("memory_group_size") or 1)
         self.ttl_s = int(data.get("ttl_s", 0))
+        self.idle_timeout_s = int(data.get("idle_timeout_s") or 0)
         self.labels = _strings(data.get("labels"))
+        self.lease = data.get("lease")
         self.created_at = parse_time(data.get("created_at"))
         self.ready_at = parse_time(data.get("ready_at"))
         self.ended_at = parse_time(data.get("ended_at"))
@@ -493,3 +797,20 @@ class LaunchFields:
     def __repr__(self) -> str:
         progress = self.progress
         return f"<{type(self).__name__} {self.id} {self.state} {progress.running}/{progress.requested} running, {progress.failed} failed>"
+
+
+@dataclass(frozen=True)
+class ExposedPort(ApiValue):
+    """A sandbox's port at its preview URL (``sandbox.ports.expose``).
+
+    ``url`` is where it answers; with ``auth="token"``, ``token_url`` is that URL signed (until
+    ``token_expires_at``); with ``auth="key"``, send the team's API key in ``X-Forkyard-Key``."""
+
+    id: str
+    sandbox_id: str
+    port: int
+    auth: str
+    url: str
+    token_url: str | None = None
+    token_expires_at: datetime | None = None
+    created_at: datetime | None = None

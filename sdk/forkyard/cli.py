@@ -2,6 +2,8 @@
 
     forkyard create --template base --size tiny         # prints the new sandbox
     forkyard exec sb_123 uname -a                       # its stdout/stderr, its exit code
+    forkyard exec --label run:7 -- pytest -q            # in every sandbox with the label, as each finishes
+    forkyard kill --label run:7                         # every sandbox with the label (or --launch ID)
     forkyard launch --template base --count 1000 --wait # a progress bar, then counts and rate
     forkyard list --state running --json
     forkyard snapshot sb_123 --name web-ready \
@@ -33,11 +35,15 @@ from ._commands import (
     launch,
     launches,
     list_sandboxes,
+    metrics,
     pause,
+    ports,
+    processes,
     resume,
     snapshot,
     snapshots,
     templates,
+    update,
     usage,
     whoami,
 )
@@ -83,7 +89,9 @@ def _time(text: str) -> datetime:
     try:
         return datetime.fromisoformat(text)
     except ValueError as error:
-        raise argparse.ArgumentTypeError(f"expected an ISO 8601 time (2026-01-31 or 2026-01-31T12:00:00+00:00), got {text!r}") from error
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time (2026-01-31 or 2026-01-31T12:00:00+00:00), got {text!r}"
+        ) from error
 
 
 def _octal(text: str) -> int:
@@ -94,6 +102,28 @@ def _octal(text: str) -> int:
 
 
 # --- the parser ------------------------------------------------------------------------
+
+
+def _add_selection(parser: argparse.ArgumentParser, verb: str) -> None:
+    parser.add_argument("--label", metavar="KEY:VALUE", help=f"{verb} every live sandbox with this label")
+    parser.add_argument("--launch", metavar="LAUNCH_ID", help=f"{verb} every live sandbox of this launch")
+
+
+def _one_target(args: argparse.Namespace) -> str | None:
+    """What is wrong with an exec's targets (a usage error), if anything."""
+    if args.label and args.launch:
+        return "give --label or --launch, not both"
+    if not (args.sandbox or args.label or args.launch):
+        return "give a SANDBOX, or --label KEY:VALUE or --launch ID"
+    return None
+
+
+def _one_selection(args: argparse.Namespace) -> str | None:
+    """What is wrong with a kill's targets (a usage error), if anything."""
+    given = [name for name in ("sandboxes", "label", "launch") if getattr(args, name)]
+    if len(given) != 1:
+        return "give SANDBOX ids, or --label KEY:VALUE, or --launch ID (one of them)"
+    return None
 
 
 def _add_create_options(parser: argparse.ArgumentParser) -> None:
@@ -107,6 +137,9 @@ def _add_create_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--env", type=_pair, action="append", default=[], metavar="NAME=VALUE")
     parser.add_argument("--network-policy", metavar="POLICY_ID")
     parser.add_argument("--idempotency-key", help="a retry with the same key creates nothing new")
+    parser.add_argument(
+        "--idle-timeout", type=int, metavar="SECONDS", help="destroyed after this many seconds without an exec or a file call"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -120,7 +153,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     def command(name: str, handler: Handler, summary: str) -> argparse.ArgumentParser:
         sub = commands.add_parser(name, parents=[common], help=summary, description=summary)
-        sub.set_defaults(handler=handler)
+        sub.set_defaults(handler=handler, parser=sub)
         return sub
 
     sub = command("create", create, "create a sandbox")
@@ -136,24 +169,59 @@ def build_parser() -> argparse.ArgumentParser:
 
     command("get", get, "show a sandbox").add_argument("sandbox")
 
-    sub = command("kill", kill, "destroy sandboxes")
-    sub.add_argument("sandboxes", nargs="+", metavar="SANDBOX")
-    sub.add_argument("--no-wait", action="store_true", help="answer at once, not once they are gone")
+    sub = command("kill", kill, "destroy sandboxes: by id, or every one with a label or of a launch")
+    sub.add_argument("sandboxes", nargs="*", metavar="SANDBOX")
+    _add_selection(sub, "destroy")
+    sub.add_argument("--no-wait", action="store_true", help="answer at once, not once they are gone (by id)")
+    sub.set_defaults(problem=_one_selection)
 
-    for name, handler, summary in (("pause", pause, "freeze every process in sandboxes (billed at the paused rate)"),
-                                   ("resume", resume, "resume paused sandboxes")):
+    sub = command("update", update, "move a sandbox's expiry, set its idle timeout or its labels")
+    sub.add_argument("sandbox")
+    expiry = sub.add_mutually_exclusive_group()
+    expiry.add_argument("--ttl", type=int, metavar="SECONDS", help="expires this many seconds from now")
+    expiry.add_argument("--expires-at", type=_time, metavar="TIME", help="expires then (ISO 8601, with its zone)")
+    sub.add_argument("--idle-timeout", type=int, metavar="SECONDS", help="destroyed after this long without a call (0: never)")
+    sub.add_argument("--label", type=_pair, action="append", default=[], metavar="KEY=VALUE", help="replaces every label")
+
+    sub = command("metrics", metrics, "what the kernel reports about a sandbox, or a launch's sandboxes summed")
+    sub.add_argument("sandbox", nargs="?")
+    sub.add_argument("--launch", metavar="LAUNCH_ID", help="a launch's running members, summed")
+    sub.set_defaults(problem=lambda args: None if bool(args.sandbox) != bool(args.launch) else "give a SANDBOX or --launch ID")
+
+    for name, handler, summary in (
+        ("pause", pause, "freeze every process in sandboxes (billed at the paused rate)"),
+        ("resume", resume, "resume paused sandboxes"),
+    ):
         command(name, handler, summary).add_argument("sandboxes", nargs="+", metavar="SANDBOX")
 
     sub = command("snapshot", snapshot, "save a sandbox's files as a snapshot to fork from")
     sub.add_argument("sandbox")
     sub.add_argument("--name", required=True, help="for people (1-100 characters); forks name the snapshot's id")
     sub.add_argument("--label", type=_pair, action="append", default=[], metavar="KEY=VALUE")
-    sub.add_argument("--service", type=_pair, action="append", default=[], metavar="NAME=COMMAND",
-                     help="a process every fork starts (under /bin/sh -c); give each one a --ready")
-    sub.add_argument("--ready", type=_ready, action="append", default=[], metavar="NAME=CHECK",
-                     help="when service NAME is ready: tcp:PORT, http:PORT/PATH or exec:COMMAND")
-    sub.add_argument("--ready-timeout", type=_seconds, action="append", default=[], metavar="NAME=SECONDS",
-                     help="a fork fails if service NAME is not ready by then (default: 30)")
+    sub.add_argument(
+        "--service",
+        type=_pair,
+        action="append",
+        default=[],
+        metavar="NAME=COMMAND",
+        help="a process every fork starts (under /bin/sh -c); give each one a --ready",
+    )
+    sub.add_argument(
+        "--ready",
+        type=_ready,
+        action="append",
+        default=[],
+        metavar="NAME=CHECK",
+        help="when service NAME is ready: tcp:PORT, http:PORT/PATH or exec:COMMAND",
+    )
+    sub.add_argument(
+        "--ready-timeout",
+        type=_seconds,
+        action="append",
+        default=[],
+        metavar="NAME=SECONDS",
+        help="a fork fails if service NAME is not ready by then (default: 30)",
+    )
     sub.add_argument("--idempotency-key", help="a retry with the same key takes no second snapshot")
     sub.add_argument("--no-wait", action="store_true", help="answer once it is being taken, not once it is ready")
     sub.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for it to be ready (default: 600)")
@@ -168,15 +236,23 @@ def build_parser() -> argparse.ArgumentParser:
     actions.add_parser("get", parents=[common]).add_argument("snapshot")
     actions.add_parser("delete", parents=[common]).add_argument("snapshot")
 
-    sub = command("exec", exec_command, "run a command in a sandbox; exits with its exit code")
+    sub = command("exec", exec_command, "run a command in a sandbox (exits with its exit code), or in many (--label, --launch)")
+    _add_selection(sub, "run it in")
+    sub.set_defaults(problem=_one_target)
     sub.add_argument("--cwd")
+    sub.add_argument("--user", help="run as this user (a name or uid of the sandbox's own /etc/passwd); root if not given")
     sub.add_argument("--env", type=_pair, action="append", default=[], metavar="NAME=VALUE")
     sub.add_argument("--timeout", type=float, default=60.0, help="seconds before it is killed (exit 124)")
     sub.add_argument("--stdin", action="store_true", help="pass this command's standard input on")
     sub.add_argument("--stream", action="store_true", help="print the output as it comes")
-    sub.add_argument("--max-output", type=int, default=16 << 20, metavar="BYTES",
-                     help="keep at most this much of stdout and of stderr (default: 16 MiB; the server allows 64 MiB)")
-    sub.add_argument("sandbox")
+    sub.add_argument(
+        "--max-output",
+        type=int,
+        default=16 << 20,
+        metavar="BYTES",
+        help="keep at most this much of stdout and of stderr (default: 16 MiB; the server allows 64 MiB)",
+    )
+    sub.add_argument("sandbox", nargs="?", help="the sandbox (none with --label or --launch)")
     sub.add_argument("command", nargs=argparse.REMAINDER, help="one word runs under /bin/sh -c; several are argv")
 
     sub = command("launch", launch, "launch many sandboxes at once (--snapshot ID forks a snapshot)")
@@ -184,8 +260,12 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--count", type=int, required=True)
     sub.add_argument("--wait", action="store_true", help="wait until every sandbox runs or failed (exit 1 if any failed)")
     sub.add_argument("--timeout", type=float, help="with --wait: give up after this many seconds")
-    sub.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
-                     help="draw a progress bar on stderr (default: when it is a terminal)")
+    sub.add_argument(
+        "--progress",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="draw a progress bar on stderr (default: when it is a terminal)",
+    )
 
     sub = command("launches", launches, "list, show or tear down launches")
     actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
@@ -208,7 +288,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--end", type=_time)
     sub.add_argument("--group-by", default="size", help="size, key, day, all or label:KEY")
 
-    sub = command("files", files, "read, write, list or remove files in a sandbox")
+    sub = command("files", files, "read, write, list, stat, rename, watch or remove files in a sandbox; copy directories")
     actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
     read = actions.add_parser("read", parents=[common])
     read.add_argument("sandbox")
@@ -226,6 +306,73 @@ def build_parser() -> argparse.ArgumentParser:
     remove.add_argument("sandbox")
     remove.add_argument("path")
     remove.add_argument("-r", "--recursive", action="store_true")
+    described = actions.add_parser("stat", parents=[common], help="describe an entry (exit 1 if there is none)")
+    described.add_argument("sandbox")
+    described.add_argument("path")
+    made = actions.add_parser("mkdir", parents=[common], help="make a directory and its parents")
+    made.add_argument("sandbox")
+    made.add_argument("path")
+    renamed = actions.add_parser("mv", parents=[common], help="rename a file or directory")
+    renamed.add_argument("sandbox")
+    renamed.add_argument("path")
+    renamed.add_argument("target")
+    renamed.add_argument("-f", "--replace", action="store_true", help="replace what is at the target")
+    watched = actions.add_parser("watch", parents=[common], help="print a directory's changes as they come (JSON lines)")
+    watched.add_argument("sandbox")
+    watched.add_argument("path", nargs="?", default="/")
+    watched.add_argument("--timeout", type=float, help="stop after this many seconds")
+    uploaded = actions.add_parser("upload-dir", parents=[common], help="copy a local directory's contents into the sandbox")
+    uploaded.add_argument("sandbox")
+    uploaded.add_argument("local")
+    uploaded.add_argument("remote")
+    downloaded = actions.add_parser("download-dir", parents=[common], help="copy a sandbox's directory to a local one")
+    downloaded.add_argument("sandbox")
+    downloaded.add_argument("remote")
+    downloaded.add_argument("local")
+
+    sub = command("processes", processes, "start commands without waiting; list, read, signal or wait for them")
+    actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
+    start = actions.add_parser("start", parents=[common], help="start a command; prints its pid")
+    start.add_argument("sandbox")
+    start.add_argument("--cwd")
+    start.add_argument("--env", type=_pair, action="append", default=[], metavar="NAME=VALUE")
+    start.add_argument("--timeout", type=float, help="seconds before it and what it started are killed (default: none)")
+    start.add_argument("--pty", metavar="ROWSxCOLS", help="run it on a terminal of this size")
+    start.add_argument("command", nargs=argparse.REMAINDER, help="one word runs under /bin/sh -c; several are argv")
+    actions.add_parser("list", parents=[common], help="its processes, running or not yet waited for").add_argument("sandbox")
+    logs = actions.add_parser("logs", parents=[common], help="print its output so far (what is still kept)")
+    logs.add_argument("sandbox")
+    logs.add_argument("pid", type=int)
+    logs.add_argument("-f", "--follow", action="store_true", help="then print what comes, until it exits")
+    signal = actions.add_parser("signal", parents=[common], help="send it a signal (TERM unless named)")
+    signal.add_argument("sandbox")
+    signal.add_argument("pid", type=int)
+    signal.add_argument("-s", "--signal", default="TERM", help="a name (TERM, INT, KILL, ...) or a number")
+    signal.add_argument("--group", action="store_true", help="to its whole process group")
+    wait = actions.add_parser("wait", parents=[common], help="print its output and exit with its exit code once it ends")
+    wait.add_argument("sandbox")
+    wait.add_argument("pid", type=int)
+    wait.add_argument("--timeout", type=float, help="give up after this many seconds (exit 124)")
+
+    sub = command("ports", ports, "a sandbox's ports at preview URLs: expose, list, close, wait")
+    actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
+    exposed = actions.add_parser("expose", parents=[common], help="reach a port at a URL; prints the URL")
+    exposed.add_argument("sandbox")
+    exposed.add_argument("port", type=int)
+    exposed.add_argument("--auth", choices=["key", "token", "public"], default="key", help="who may reach it (default: key)")
+    exposed.add_argument("--token-ttl", type=int, metavar="SECONDS", help="with --auth token: how long the signed URL works")
+    actions.add_parser("list", parents=[common], help="its exposed ports").add_argument("sandbox")
+    closed = actions.add_parser("close", parents=[common], help="its URL answers 404 from now on")
+    closed.add_argument("sandbox")
+    closed.add_argument("port", type=int)
+    forwarded = actions.add_parser("forward", parents=[common], help="relay a local port to the sandbox's port until Ctrl-C")
+    forwarded.add_argument("sandbox")
+    forwarded.add_argument("port", type=int)
+    forwarded.add_argument("--local", type=int, default=0, metavar="N", help="the local port (default: a free one, printed)")
+    waited = actions.add_parser("wait", parents=[common], help="until something listens on the port (exit 1 if not in time)")
+    waited.add_argument("sandbox")
+    waited.add_argument("port", type=int)
+    waited.add_argument("--timeout", type=float, default=30.0, help="seconds (default: 30)")
 
     command("whoami", whoami, "the key, its team and its limits")
     return parser
@@ -233,6 +380,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    problem = getattr(args, "problem", None)
+    if problem is not None and (message := problem(args)):
+        args.parser.error(message)  # exits 2, with the command's usage
     try:
         with Client(getattr(args, "url", None), getattr(args, "api_key", None)) as fy:
             code: int = args.handler(fy, args)
