@@ -182,6 +182,29 @@ def _spend(periods: Any) -> tuple[float, Decimal]:
 
 # --- figures ---------------------------------------------------------------------------
 
+# One colour a series, the same on every chart (and the board's running line is "tiny"'s green):
+# the known groups by name, any other (a key's name) by a stable hash of it into the palette.
+SERIES_COLOURS = {
+    "tiny": "#1f8a4c",
+    "default": "#2451d6",
+    "custom": "#7c3aed",
+    "tiny (paused)": "#86c9a1",
+    "default (paused)": "#94a9ea",
+    "custom (paused)": "#bfa3f2",
+    "saved state": "#b7791f",
+    "all": "#2451d6",
+    "(console or deleted key)": "#6b7280",
+}
+PALETTE = ["#0e7490", "#c2410c", "#be185d", "#4d7c0f", "#6d28d9", "#a16207", "#0369a1", "#b91c1c", "#15803d", "#7e22ce"]
+
+
+def series_colour(group: str) -> str:
+    """The colour of a series named ``group``, wherever it is drawn."""
+    known = SERIES_COLOURS.get(group)
+    if known is not None:
+        return known
+    return PALETTE[sum(group.encode()) * 2654435761 % 2**32 % len(PALETTE)]
+
 
 @functools.cache
 def _theme() -> dict[str, Any]:
@@ -209,7 +232,9 @@ def _figure(series: Series, metric: str, title: str) -> dict[str, Any]:
         else:
             y = [float(amount) for amount in series.amounts[group]]
             hover = "$%{y:.4f}<extra>%{fullData.name}</extra>"
-        data.append({"type": "bar", "name": group, "x": x, "y": y, "hovertemplate": hover})
+        data.append(
+            {"type": "bar", "name": group, "x": x, "y": y, "hovertemplate": hover, "marker": {"color": series_colour(group)}}
+        )
     layout: dict[str, Any] = {
         "template": _theme(),
         "title": {"text": title, "font": {"size": 14}},

@@ -13,11 +13,13 @@ from typing import Any
 
 from django.contrib.auth.decorators import login_required
 from django.core.exceptions import PermissionDenied
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render
 from django_htmx.middleware import HtmxDetails
 
-from .models import Membership, Role
+from .errors import NotFound
+from .models import Membership
+from .permissions import LEAST_ROLE, WHO, Action, allows
 from .selectors import SESSION_TEAM, current_membership, memberships_of
 
 View = Callable[..., HttpResponse]
@@ -28,7 +30,7 @@ class HtmxRequest(HttpRequest):
 
     htmx: HtmxDetails
 
-WHO_MAY = {Role.MEMBER: "members", Role.ADMIN: "admins and owners", Role.OWNER: "owners"}
+
 _CACHE = "_forkyard_memberships"
 
 
@@ -49,8 +51,13 @@ def forget_team_context(request: HttpRequest) -> None:
         delattr(request, _CACHE)
 
 
-def team_view(role: str = Role.MEMBER, action: str = "do this") -> Callable[[View], View]:
-    """Sign-in required; call ``view(request, membership, ...)`` if the role allows."""
+def team_view(action: Action = Action.READ) -> Callable[[View], View]:
+    """Sign-in required; call ``view(request, membership, ...)`` if the member's role allows ``action``
+    (``console.permissions``, the table the API reads too).
+
+    An object the view looks up and does not find in the team (``NotFound``
+    from a selector) is the console's 404 page, whatever view asked.
+    """
 
     def decorate(view: View) -> View:
         @wraps(view)
@@ -58,11 +65,14 @@ def team_view(role: str = Role.MEMBER, action: str = "do this") -> Callable[[Vie
             _, membership = team_context(request)
             if membership is None:
                 return render(request, "console/no_team.html", status=403)
-            if not membership.can(role):
+            if not allows(membership.role, action):
                 raise PermissionDenied(
-                    f"Only {WHO_MAY[Role(role)]} can {action}: you are a {membership.role} of {membership.team.name}."
+                    f"Only {WHO[LEAST_ROLE[action]]} can {action.value}: you are a {membership.role} of {membership.team.name}."
                 )
-            return view(request, membership, *args, **kwargs)
+            try:
+                return view(request, membership, *args, **kwargs)
+            except NotFound as error:
+                raise Http404(error.message) from None
 
         return login_required(wrapper)
 

@@ -12,4 +12,8 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "console.settings")
 
 app = Celery("forkyard")
 app.config_from_object("django.conf:settings", namespace="CELERY")
-app.autodiscover_tasks(["sandboxes", "billing"])
+app.autodiscover_tasks(["sandboxes", "billing", "grading"])
+# Periodic work (run by the beat of each host's bulk worker, `celery worker -B`): kept content past its days.
+app.conf.beat_schedule = {
+    "purge-retained-content": {"task": "grading.tasks.purge_retained_content", "schedule": 3600.0, "options": {"expires": 3000}},
+}

@@ -7,6 +7,8 @@ from typing import Any
 from django.http import HttpRequest
 from django.urls import NoReverseMatch, reverse
 
+from billing.selectors import reached_budgets_sentence
+
 from .access import team_context
 from .models import Role
 
@@ -19,8 +21,13 @@ NAV_ITEMS = [
     ("console:policies", "Network policies"),
     ("console:keys", "API keys"),
     ("console:members", "Members"),
+    ("console:inference", "Inference"),
     ("console:usage", "Usage"),
+    ("console:budgets", "Budgets"),
+    ("console:limits", "Limits"),
+    ("console:audit", "Audit log"),
 ]
+ADMIN_ONLY = {"console:audit"}
 
 
 def _routed(name: str) -> bool:
@@ -37,7 +44,12 @@ def console(request: HttpRequest) -> dict[str, Any]:
         return {"nav_items": [], "memberships": [], "team": None, "membership": None}
     memberships, membership = team_context(request)
     return {
-        "nav_items": [(name, label) for name, label in NAV_ITEMS if _routed(name)],
+        "budget_banner": reached_budgets_sentence(membership.team) if membership else "",
+        "nav_items": [
+            (name, label)
+            for name, label in NAV_ITEMS
+            if _routed(name) and (name not in ADMIN_ONLY or bool(membership and membership.can(Role.ADMIN)))
+        ],
         "memberships": memberships,
         "membership": membership,
         "team": membership.team if membership else None,

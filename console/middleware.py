@@ -15,6 +15,41 @@ from django.http import HttpRequest, HttpResponse
 
 log = logging.getLogger("forkyard.api")
 RETRY_AFTER_S = 5
+OUTAGE = {
+    "error": {"code": "dependency_unavailable", "message": "a dependency (database or broker) is unavailable; try again shortly"}
+}
+
+
+class ContentSecurityPolicyMiddleware:
+    """The console's pages may load scripts, styles and images from this site only.
+
+    Inline styles stay allowed (plotly writes them as it draws); inline
+    scripts do not (the pages carry data in ``json_script`` blocks, which are
+    not run).  The board's websocket is on another port (Daphne): ``ws:`` and
+    ``wss:`` are allowed to connect.
+    """
+
+    POLICY = "; ".join(
+        (
+            "default-src 'self'",
+            "script-src 'self'",
+            "style-src 'self' 'unsafe-inline'",
+            "img-src 'self' data: blob:",
+            "connect-src 'self' ws: wss:",
+            "object-src 'none'",
+            "base-uri 'self'",
+            "form-action 'self'",
+            "frame-ancestors 'none'",
+        )
+    )
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        response = self.get_response(request)
+        response.headers.setdefault("Content-Security-Policy", self.POLICY)
+        return response
 
 
 def dependency_error(error: BaseException) -> bool:
@@ -36,13 +71,7 @@ def outage_response(request: HttpRequest, error: BaseException) -> HttpResponse:
     log.warning(
         "dependency unavailable while serving %s [%s]: %s", request.path, getattr(request, "forkyard_request_id", "-"), error
     )
-    body = {
-        "error": {
-            "code": "dependency_unavailable",
-            "message": "a dependency (database or broker) is unavailable; try again shortly",
-        }
-    }
-    response = HttpResponse(json.dumps(body), status=503, content_type="application/json")
+    response = HttpResponse(json.dumps(OUTAGE), status=503, content_type="application/json")
     response["Retry-After"] = str(RETRY_AFTER_S)
     return response
 

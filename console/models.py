@@ -97,6 +97,12 @@ class ApiKey(models.Model):
     last_used_at = models.DateTimeField(null=True, blank=True)
     expires_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    # Narrower than its role (console/permissions.py): the resources it may use, each "<resource>" or
+    # "<resource>:read"; empty: everything its role allows.
+    scopes = models.JSONField(default=list, blank=True)
+    # Only sandboxes, launches and snapshots carrying all of these labels; its creates get them. Empty: any.
+    label_limit = models.JSONField(default=dict, blank=True)
+    rotated_at = models.DateTimeField(null=True, blank=True)
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix})"
@@ -117,10 +123,65 @@ class TeamLimits(models.Model):
     max_sandboxes = models.PositiveIntegerField(default=1000)
     max_launch_count = models.PositiveIntegerField(default=40000)
     max_ttl_s = models.PositiveIntegerField(default=24 * 3600)
-    monthly_spend_limit = models.DecimalField(max_digits=12, decimal_places=2, null=True, blank=True)
 
     class Meta:
         verbose_name_plural = "team limits"
+
+
+def audit_id() -> str:
+    return public_id("audit")
+
+
+class AuditEntry(models.Model):
+    """Who (a member or a key) did what to which object of a team, when, and from where.
+
+    Written by the service that made the change, in its transaction (``console.audit``): an
+    entry exists exactly when its change does.  The actor's and the object's names are copied,
+    so an entry still reads after the key or the member is gone.
+    """
+
+    class Act(models.TextChoices):
+        KEY_CREATED = "key.created"
+        KEY_RENAMED = "key.renamed"
+        KEY_ROTATED = "key.rotated"
+        KEY_REVOKED = "key.revoked"
+        KEY_DELETED = "key.deleted"
+        MEMBER_INVITED = "member.invited"
+        INVITATION_RESENT = "invitation.resent"
+        INVITATION_REVOKED = "invitation.revoked"
+        MEMBER_JOINED = "member.joined"
+        MEMBER_ROLE_CHANGED = "member.role_changed"
+        MEMBER_REMOVED = "member.removed"
+        POLICY_CREATED = "policy.created"
+        POLICY_CHANGED = "policy.changed"
+        POLICY_DELETED = "policy.deleted"
+        LAUNCH_STARTED = "launch.started"
+        LAUNCH_TORN_DOWN = "launch.torn_down"
+        BUDGET_CREATED = "budget.created"
+        BUDGET_CHANGED = "budget.changed"
+        BUDGET_DELETED = "budget.deleted"
+        BUDGET_REACHED = "budget.reached"
+
+    id = models.CharField(primary_key=True, max_length=32, default=audit_id, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="audit_entries")
+    at = models.DateTimeField(default=timezone.now)
+    action = models.CharField(max_length=32, choices=Act.choices)
+    actor_user = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    actor = models.CharField(max_length=200)  # "user alice", "key trainer (key_…)", "forkyard" (the system)
+    target_type = models.CharField(max_length=32)
+    target_id = models.CharField(max_length=64, blank=True)
+    target = models.CharField(max_length=200, blank=True)  # the object's name when it was done
+    details = models.JSONField(default=dict, blank=True)
+    address = models.CharField(max_length=64, blank=True)  # where the request came from
+
+    class Meta:
+        indexes = [
+            models.Index(fields=["team", "at"]),
+            models.Index(fields=["team", "action", "at"]),
+            models.Index(fields=["team", "target_id"]),
+        ]
+        verbose_name_plural = "audit entries"
 
 
 class ChannelMessage(models.Model):

@@ -8,7 +8,9 @@ from django.contrib.auth.models import User
 from django.db.models import F, QuerySet
 from django.utils import timezone
 
-from .models import ApiKey, Invitation, Membership, Team
+from .errors import not_found
+from .models import ApiKey, Invitation, Membership, Team, TeamLimits
+from .pagination import Page, keyset_page
 
 SESSION_TEAM = "team_id"  # the session key for the current team (the board reads it too)
 
@@ -30,8 +32,11 @@ def members_of(team: Team) -> QuerySet[Membership]:
     return Membership.objects.select_related("user").filter(team=team).order_by("user__username")
 
 
-def membership_in(team: Team, membership_id: int) -> Membership | None:
-    return Membership.objects.select_related("user", "team").filter(team=team, pk=membership_id).first()
+def membership_for(team: Team, membership_id: int) -> Membership:
+    membership = Membership.objects.select_related("user", "team").filter(team=team, pk=membership_id).first()
+    if membership is None:
+        raise not_found("member", str(membership_id))
+    return membership
 
 
 def open_invitations(team: Team, now: datetime | None = None) -> QuerySet[Invitation]:
@@ -56,5 +61,22 @@ def keys_of(team: Team) -> QuerySet[ApiKey]:
     )
 
 
-def key_in(team: Team, key_id: str) -> ApiKey | None:
-    return ApiKey.objects.filter(team=team, pk=key_id).first()
+def key_for(team: Team, key_id: str) -> ApiKey:
+    key = ApiKey.objects.filter(team=team, pk=key_id).first()
+    if key is None:
+        raise not_found("key", key_id)
+    return key
+
+
+def keys_page(team: Team, *, cursor: str | None, limit: int) -> Page[ApiKey]:
+    """For the API: newest first, one page at a time."""
+    return keyset_page(ApiKey.objects.filter(team=team), cursor=cursor, limit=limit)
+
+
+def limits_of(team: Team) -> TeamLimits:
+    """The team's limits (the defaults, made now, for a team made without them: in the admin, say)."""
+    try:
+        return team.limits
+    except TeamLimits.DoesNotExist:
+        limits, _ = TeamLimits.objects.get_or_create(team=team)
+        return limits

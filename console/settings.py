@@ -26,8 +26,11 @@ django_stubs_ext.monkeypatch()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
+# What the control plane keeps (its database, the broker's messages, the secret key) is its own:
+# the data directory is 0700, and the database's files 0600 (console.apps).
 DATA_DIR = Path(env.str("FORKYARD_DATA_DIR", default=str(BASE_DIR / "var")))
 DATA_DIR.mkdir(parents=True, exist_ok=True)
+DATA_DIR.chmod(0o700)
 
 
 def _secret_key() -> str:
@@ -43,6 +46,16 @@ def _secret_key() -> str:
 
 SECRET_KEY = _secret_key()
 DEBUG = env.bool("FORKYARD_DEBUG", default=False)
+# Served over TLS (directly, or behind a proxy that says so in X-Forwarded-Proto): cookies only
+# over TLS, and browsers told to keep to it (HSTS, a year).
+FORKYARD_TLS = env.bool("FORKYARD_TLS", default=False)
+if FORKYARD_TLS:
+    SESSION_COOKIE_SECURE = CSRF_COOKIE_SECURE = True
+    SECURE_HSTS_SECONDS = 365 * 24 * 3600
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+    SECURE_SSL_REDIRECT = env.bool("FORKYARD_TLS_REDIRECT", default=True)
+SESSION_COOKIE_HTTPONLY = True
+SESSION_COOKIE_SAMESITE = "Lax"
 ALLOWED_HOSTS = env.list("FORKYARD_ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("FORKYARD_CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -59,11 +72,12 @@ INSTALLED_APPS = [
     "console",
     "sandboxes",
     "billing",
+    "grading",
 ]
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
-    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "console.staticfiles.Fingerprinted",  # WhiteNoise: hashed names, kept a year
     "console.middleware.DependencyErrorsMiddleware",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
@@ -72,8 +86,12 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     "django_htmx.middleware.HtmxMiddleware",
+    "console.middleware.ContentSecurityPolicyMiddleware",
 ]
 
+# Bodies are bounded per endpoint before Django sees them (console/bodies.py); Django's own
+# 2.5 MB check would turn an API exec with a large stdin into a 500.
+DATA_UPLOAD_MAX_MEMORY_SIZE = None
 # The API's own stack (console/asgi.py): async middleware only, no sessions or CSRF (it authenticates by key).
 API_PREFIX = "/api/"
 API_MIDDLEWARE = ["console.middleware.DependencyErrorsMiddleware"]
@@ -108,7 +126,10 @@ if DATABASES["default"]["ENGINE"] == "django.db.backends.sqlite3":
     DATABASES["default"]["OPTIONS"] = {
         "timeout": 30,
         "transaction_mode": "IMMEDIATE",
-        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        # secure_delete: freed pages are zeroed, not left holding what was deleted;
+        # journal_size_limit: the write-ahead log is cut back to nothing once
+        # checkpointed, not left holding old pages (the host agent checkpoints it).
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL; PRAGMA secure_delete=ON; PRAGMA journal_size_limit=0;",
     }
     # Tests on a file too, as in production: Django's default in-memory test
     # database shares one cache between connections, where a reader in another
@@ -184,12 +205,38 @@ FORKYARD_ENGINE_SOCKET = env.str("FORKYARD_ENGINE_SOCKET", default="/run/forkyar
 FORKYARD_ENGINE_ADDRESS = env.str("FORKYARD_ENGINE_ADDRESS", default=FORKYARD_ENGINE_SOCKET)
 FORKYARD_ENGINE_TOKEN = env.str("FORKYARD_ENGINE_TOKEN", default="")
 FORKYARD_HOST_STALE_S = env.int("FORKYARD_HOST_STALE_S", default=30)
+# A host whose heartbeat is this old has lost its sandboxes: the started ones end (host_lost), billed up to it.
+FORKYARD_HOST_LOST_S = env.int("FORKYARD_HOST_LOST_S", default=300)
+# Admission and placement (sandboxes/placement.py): what a sandbox costs a host is the kernel's memory per
+# sandbox (its engine's measure; this until it reports one) plus its memory limit over this ratio (limits are
+# ceilings: only idle memory lets many small sandboxes share a host), out of the host's memory less a reserve.
+FORKYARD_MEMORY_OVERCOMMIT = env.float("FORKYARD_MEMORY_OVERCOMMIT", default=8.0)
+FORKYARD_SANDBOX_OVERHEAD_KIB = env.int("FORKYARD_SANDBOX_OVERHEAD_KIB", default=600)
+FORKYARD_HOST_MEMORY_RESERVE_MIB = env.int("FORKYARD_HOST_MEMORY_RESERVE_MIB", default=1024)
 FORKYARD_CREATE_WAIT_S = env.float("FORKYARD_CREATE_WAIT_S", default=30.0)
+# The largest file or tar the API takes in one upload (streamed to the engine, never held whole).
+FORKYARD_MAX_UPLOAD_BYTES = env.int("FORKYARD_MAX_UPLOAD_BYTES", default=1024 * 1024 * 1024)
+# A well-formed command or small file is answered without Django's request machinery
+# (sandboxes/api/hot_path.py); off, every request goes through its view.
+FORKYARD_HOT_PATH = env.bool("FORKYARD_HOT_PATH", default=True)
+# Where the board's page opens its websocket (Daphne): this URL, or the page's own host on this port.
+FORKYARD_WEBSOCKET_URL = env.str("FORKYARD_WEBSOCKET_URL", default="")
+FORKYARD_WEBSOCKET_PORT = env.int("FORKYARD_WEBSOCKET_PORT", default=8001)
+# Preview URLs of sandboxes' exposed ports (console/preview.py): http://{port}-{sandbox}.{domain}[:{port}].
+# The default works on one machine (Chromium and curl resolve *.localhost to loopback) on the port the
+# API was reached on; a deployment names a wildcard domain served by its web servers.
+FORKYARD_PREVIEW_DOMAIN = env.str("FORKYARD_PREVIEW_DOMAIN", default="localhost").lower().strip(".")
+FORKYARD_PREVIEW_SCHEME = env.str("FORKYARD_PREVIEW_SCHEME", default="http")
+FORKYARD_PREVIEW_PORT = env.int("FORKYARD_PREVIEW_PORT", default=0)  # 0: the port the API was reached on
 FORKYARD_LAUNCH_CHUNK = env.int("FORKYARD_LAUNCH_CHUNK", default=250)
 FORKYARD_RECONCILE_S = env.float("FORKYARD_RECONCILE_S", default=5.0)
 # A command lost with a worker (or the embedded broker) is queued again after this.
 FORKYARD_STUCK_AFTER_S = env.float("FORKYARD_STUCK_AFTER_S", default=60.0)
 FORKYARD_CONTENT_RETENTION_DAYS = 30
+# Mail (budget alerts, invitations): FORKYARD_EMAIL_URL, e.g. smtp+tls://user:password@mail.example.org:587;
+# by default a message is written to the sending process's log instead (nothing is configured to send it).
+vars().update(env.email_url("FORKYARD_EMAIL_URL", default="consolemail://"))
+DEFAULT_FROM_EMAIL = env.str("FORKYARD_EMAIL_FROM", default="forkyard <forkyard@localhost>")
 
 # --- the rest of Django ----------------------------------------------------------------------
 
@@ -209,7 +256,9 @@ STATIC_ROOT = DATA_DIR / "static"
 # Plotly's JavaScript comes with the Python package: served from there, never from a CDN
 # (found without importing plotly, which every process would otherwise pay for).
 PLOTLY_PACKAGE_DATA = Path(find_spec("plotly").origin or "").resolve().parent / "package_data"  # type: ignore[union-attr]
-STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", PLOTLY_PACKAGE_DATA)]
+# django-ninja's Swagger UI, for the API's docs page (/api/v1/docs): served from here, never a CDN.
+NINJA_STATIC = Path(find_spec("ninja").origin or "").resolve().parent / "static" / "ninja"  # type: ignore[union-attr]
+STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", PLOTLY_PACKAGE_DATA), ("vendor/ninja", NINJA_STATIC)]
 # Production runs collectstatic (scripts/up does): WhiteNoise then serves the collected,
 # compressed files.  Where nobody has (a fresh checkout, the test stack), it serves the
 # sources through the finders instead; doing both would let the sources shadow the
@@ -217,7 +266,7 @@ STATICFILES_DIRS = [BASE_DIR / "static", ("vendor/plotly", PLOTLY_PACKAGE_DATA)]
 WHITENOISE_USE_FINDERS = env.bool("FORKYARD_STATIC_FROM_SOURCE", default=not (STATIC_ROOT / "console.css").exists())
 STORAGES = {
     "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
-    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedStaticFilesStorage"},
+    "staticfiles": {"BACKEND": "console.staticfiles.FingerprintedStorage"},
 }
 LOGGING = {
     "version": 1,

@@ -11,29 +11,30 @@ from django.utils import timezone
 from django.views.decorators.http import require_POST
 
 from billing import charts
-from sandboxes import listings
+from sandboxes import selectors as sandbox_selectors
 from sandboxes.models import Sandbox
 
 from .access import forget_team_context, team_context, team_view
+from .errors import Refused
 from .forms import SignupForm, TeamSwitchForm
 from .models import Membership
 from .selectors import SESSION_TEAM, invitation_by_token
-from .services import AccountError, invitation_accept, user_signup_and_accept
+from .services import invitation_accept, user_signup_and_accept
 
 
 @team_view()
 def overview(request: HttpRequest, membership: Membership) -> HttpResponse:
     team = membership.team
-    counts = listings.state_counts(team)
+    counts = sandbox_selectors.state_counts(team)
     midnight = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
     last_day = charts.window_series(team, "24h", "size")
     context = {
         "running": counts.get(Sandbox.State.RUNNING, 0),
         "live": sum(counts.get(state, 0) for state in Sandbox.LIVE),
-        "launches_today": listings.launches_today(team),
+        "launches_today": sandbox_selectors.launches_today(team),
         # Midnight is an hour boundary within the last 24 hours: today's spend is in the series.
         "spend_today": last_day.amount_since(midnight),
-        "recent_launches": listings.recent_launches(team),
+        "recent_launches": sandbox_selectors.recent_launches(team),
         "figure": charts.seconds_figure(last_day, "Sandbox-seconds, last 24 hours"),
     }
     return render(request, "console/overview.html", context)
@@ -70,7 +71,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
     if request.method == "POST" and request.user.is_authenticated:
         try:
             return _joined(request, invitation_accept(token=token, user=request.user))
-        except AccountError as error:
+        except Refused as error:
             messages.error(request, error.message)
     elif request.method == "POST":
         form = SignupForm(request.POST)
@@ -79,7 +80,7 @@ def invitation(request: HttpRequest, token: str) -> HttpResponse:
                 membership = user_signup_and_accept(
                     token=token, username=form.cleaned_data["username"], password=form.cleaned_data["password1"]
                 )
-            except AccountError as error:
+            except Refused as error:
                 form.add_error(error.field if error.field in form.fields else None, error.message)
             else:
                 login(request, membership.user, backend="django.contrib.auth.backends.ModelBackend")

@@ -1,6 +1,6 @@
 from django.contrib import admin
 
-from .models import Host, Launch, NetworkPolicy, Sandbox, Snapshot, Template
+from .models import Host, Launch, Lease, NetworkPolicy, Sandbox, Snapshot, Template
 
 
 @admin.register(Host)
@@ -20,6 +20,12 @@ class SandboxAdmin(admin.ModelAdmin[Sandbox]):
 @admin.register(Launch)
 class LaunchAdmin(admin.ModelAdmin[Launch]):
     list_display = ("id", "team", "state", "count", "template", "created_at")
+
+
+@admin.register(Lease)
+class LeaseAdmin(admin.ModelAdmin[Lease]):
+    list_display = ("id", "team", "state", "grace_s", "heartbeat_at", "expires_at")
+    list_filter = ("state",)
 
 
 admin.site.register(Template)

@@ -1,4 +1,4 @@
-"""Forms for the console's sandbox pages: the list's filters, the command box, network policies."""
+"""Forms for the console's sandbox pages: the list's filters, the command box, network policies, snapshots."""
 
 from __future__ import annotations
 
@@ -7,9 +7,13 @@ import re
 from typing import Any
 
 from django import forms
+from django.core.validators import MaxValueValidator
+from pydantic import ValidationError
+
+from console.forms import parse_labels
 
 from .models import Sandbox
-from .policies import HOSTNAME
+from .schemas import HOSTNAME, SandboxCreate, ServiceIn
 
 # A label key the database lookup takes literally: no "__" (Django would read a
 # lookup in it), no spaces or quotes.
@@ -18,9 +22,16 @@ PROTOCOLS = ("tcp", "udp", "any")
 
 
 class SandboxFilterForm(forms.Form):
-    state = forms.ChoiceField(required=False, choices=[("", "Any state"), *Sandbox.State.choices])
+    q = forms.CharField(required=False, max_length=40, strip=True, label="Find by id", help_text="an id, or its start")
+    state = forms.ChoiceField(required=False, choices=[("", "Live (not ended)"), ("all", "Any state"), *Sandbox.State.choices])
     label = forms.CharField(required=False, max_length=200, strip=True, help_text="key=value, or key for any value")
     cursor = forms.CharField(required=False, max_length=100)
+
+    def clean_q(self) -> str:
+        query: str = self.cleaned_data["q"]
+        if query and not re.fullmatch(r"[A-Za-z0-9_]+", query):
+            raise forms.ValidationError("A sandbox id is letters, digits and _ (sb_…).")
+        return query
 
     def clean_label(self) -> str:
         label: str = self.cleaned_data["label"]
@@ -48,6 +59,11 @@ class ExecForm(forms.Form):
         return cmd
 
 
+class TerminalForm(forms.Form):
+    rows = forms.IntegerField(min_value=2, max_value=500, initial=24)
+    cols = forms.IntegerField(min_value=10, max_value=1000, initial=80)
+
+
 def _rule(line: str, number: int) -> dict[str, Any]:
     """``<cidr or host> [ports] [protocol]``, e.g. ``pypi.org 443`` or ``10.0.0.0/8 53 udp``."""
     parts = line.split()
@@ -60,7 +76,7 @@ def _rule(line: str, number: int) -> dict[str, Any]:
     try:
         rule["cidr"] = str(ipaddress.ip_network(target, strict=False))
     except ValueError:
-        if "/" in target or re.fullmatch(r"[\d.]+", target) or not HOSTNAME.match(target):
+        if "/" in target or re.fullmatch(r"[\d.]+", target) or not HOSTNAME.match(target.removeprefix("*.")):
             raise forms.ValidationError(f"Line {number}: {target!r} is neither a network (CIDR) nor a host name.") from None
         rule["host"] = target.lower()
     try:
@@ -94,6 +110,9 @@ class PolicyForm(forms.Form):
         widget=forms.Textarea(attrs={"rows": 6, "spellcheck": "false", "placeholder": "pypi.org 443\n10.0.0.0/8 53 udp"}),
         help_text="One a line: a network (CIDR) or a host name, then ports (comma-separated; none for all), "
         "then tcp, udp or any (tcp if left out). Empty: nowhere but the sandbox's own loopback.",
+    )
+    same_launch = forms.BooleanField(
+        label="Sandboxes of the same launch may reach each other", required=False, help_text="A multi-service environment."
     )
 
     def clean_egress(self) -> list[dict[str, Any]]:
@@ -134,10 +153,6 @@ class ServiceForm(forms.Form):
     timeout_s = forms.FloatField(label="Timeout (s)", initial=30, min_value=0.1, max_value=300)
 
     def clean(self) -> dict[str, Any]:
-        from pydantic import ValidationError
-
-        from .schemas import ServiceIn
-
         data = super().clean() or {}
         if not data.get("name") and not data.get("command"):
             data["service"] = None  # an empty row: no service
@@ -187,3 +202,63 @@ class LaunchFromSnapshotForm(forms.Form):
         super().__init__(*args, **kwargs)
         if sizes:
             self.fields["size"].choices = [(size, size) for size in sizes]  # type: ignore[attr-defined]
+
+
+# --- new sandboxes and launches from the console ---------------------------------------------
+
+
+class NewSandboxForm(forms.Form):
+    """What ``POST /api/v1/sandboxes`` takes, as a person fills it in; checked by the API's own schema."""
+
+    template = forms.ChoiceField(choices=[])
+    size = forms.ChoiceField(choices=[])
+    ttl_s = forms.IntegerField(label="TTL (s)", min_value=1, initial=3600, help_text="Destroyed this long after it is ready.")
+    network_policy = forms.ChoiceField(label="Network policy", required=False, choices=[])
+    labels = forms.CharField(required=False, max_length=1000, help_text="key=value, comma-separated.")
+
+    def __init__(
+        self,
+        *args: Any,
+        templates: list[str],
+        sizes: list[str],
+        policies: list[tuple[str, str]],
+        max_ttl_s: int,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.fields["template"].choices = [(name, name) for name in templates]  # type: ignore[attr-defined]
+        self.fields["size"].choices = [(name, name) for name in sizes]  # type: ignore[attr-defined]
+        self.fields["network_policy"].choices = [("", "None: loopback only"), *policies]  # type: ignore[attr-defined]
+        ttl = self.fields["ttl_s"]
+        assert isinstance(ttl, forms.IntegerField)
+        ttl.max_value = max_ttl_s
+        ttl.validators.append(MaxValueValidator(max_ttl_s))
+        ttl.help_text = f"Destroyed this long after it is ready; at most {max_ttl_s:,} s for this team."
+
+    def clean_labels(self) -> dict[str, str]:
+        return parse_labels(self.cleaned_data.get("labels") or "")
+
+    def spec(self, **extra: Any) -> SandboxCreate:
+        data = self.cleaned_data
+        fields = {"template": data["template"], "size": data["size"], "ttl_s": data["ttl_s"], "labels": data["labels"], **extra}
+        if data.get("network_policy"):
+            fields["network_policy"] = data["network_policy"]
+        try:
+            return SandboxCreate.model_validate(fields)
+        except ValidationError as error:
+            first = error.errors()[0]
+            raise forms.ValidationError(f"{'.'.join(str(part) for part in first['loc'])}: {first['msg']}") from None
+
+
+class NewLaunchForm(NewSandboxForm):
+    count = forms.IntegerField(min_value=1, initial=10, help_text="How many sandboxes.")
+
+    field_order = ["count", "template", "size", "ttl_s", "network_policy", "labels"]
+
+    def __init__(self, *args: Any, max_count: int, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        count = self.fields["count"]
+        assert isinstance(count, forms.IntegerField)
+        count.max_value = max_count
+        count.validators.append(MaxValueValidator(max_count))
+        count.help_text = f"How many sandboxes: at most {max_count:,} in one launch for this team."

@@ -6,10 +6,13 @@ what the API promises and bills.  Reconciliation keeps the two in step.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.db import models
 from django.utils import timezone
 
 from console.models import ApiKey, Team, public_id
+from console.sealing import SealedJSONField
 
 
 def sandbox_id() -> str:
@@ -28,6 +31,14 @@ def policy_id() -> str:
     return public_id("net")
 
 
+def port_id() -> str:
+    return public_id("port")
+
+
+def lease_id() -> str:
+    return public_id("ls")
+
+
 class Host(models.Model):
     """A machine running an engine and a Celery worker on its own queue."""
 
@@ -44,14 +55,27 @@ class Host(models.Model):
     cpus = models.PositiveIntegerField(default=0)
     memory_mib = models.PositiveBigIntegerField(default=0)
     max_sandboxes = models.PositiveIntegerField(default=0)
+    # How many sandboxes the host's kernel limits let it hold (its engine's preflight: ``fits``); None: not reported.
+    kernel_max_sandboxes = models.PositiveIntegerField(null=True, blank=True)
+    # The kernel's memory per sandbox that no memory limit charges, as its engine measured it (KiB); 0: not reported.
+    sandbox_overhead_kib = models.PositiveIntegerField(default=0)
     engine_sandboxes = models.PositiveIntegerField(default=0)  # as the engine last reported (pooled included)
     committed_memory_mib = models.PositiveBigIntegerField(default=0)
     engine_version = models.CharField(max_length=32, blank=True)
+    # Its data path's gateway (sandboxes.engine.gateway): where callers send commands with a data token, and
+    # the key it checks them with (as its engine reported it), sealed at rest.
+    gateway_url = models.CharField(max_length=255, blank=True)
+    gateway_secret = SealedJSONField(blank=True, default="")
     registered_at = models.DateTimeField(default=timezone.now)
     last_heartbeat = models.DateTimeField(default=timezone.now)
 
     def __str__(self) -> str:
         return self.name
+
+    @property
+    def interactive_queue(self) -> str:
+        """Its interactive lane (``sandboxes.commands``): what someone waits on, taken by a worker of its own."""
+        return f"{self.queue}.interactive"
 
 
 class Template(models.Model):
@@ -83,11 +107,24 @@ class NetworkPolicy(models.Model):
     description = models.CharField(max_length=255, blank=True)
     # [{"cidr": "10.0.0.0/8" | "host": "pypi.org", "ports": [443], "protocol": "tcp"}]
     egress = models.JSONField(default=list)
+    # Sandboxes of the same launch under this policy may reach each other (a multi-service environment).
+    same_launch = models.BooleanField(default=False)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [models.UniqueConstraint(fields=["team", "name"], name="unique_policy_name_per_team")]
+
+    def engine_network(self, launch_id: str | None = None) -> dict[str, Any]:
+        """Its rules as the engine takes them (``sandboxes/engine/network.py``: ``create``'s and
+        ``network.set``'s ``network``), which enforces them on the sandbox's host; for a member of
+        ``launch_id`` under a ``same_launch`` policy, the launch is its group."""
+        network: dict[str, Any] = {
+            "egress": [{key: value for key, value in rule.items() if value is not None} for rule in self.egress]
+        }
+        if self.same_launch and launch_id:
+            network["group"] = launch_id
+        return network
 
 
 class Snapshot(models.Model):
@@ -101,7 +138,6 @@ class Snapshot(models.Model):
     class State(models.TextChoices):
         CREATING = "creating"
         READY = "ready"
-        DELETING = "deleting"
         DELETED = "deleted"
         FAILED = "failed"
 
@@ -143,6 +179,35 @@ class Snapshot(models.Model):
         return f"{self.id} ({self.name})"
 
 
+class Lease(models.Model):
+    """Sandboxes that live only while their client does: a client heartbeats its lease, and when the
+    heartbeats stop for ``grace_s`` (or the client ends it) every sandbox named with it is destroyed."""
+
+    class State(models.TextChoices):
+        ACTIVE = "active"
+        EXPIRED = "expired"  # its heartbeats stopped for its grace period
+        ENDED = "ended"  # its client ended it
+
+    # Its sandboxes are (being) destroyed.
+    OVER = (State.EXPIRED, State.ENDED)
+
+    id = models.CharField(primary_key=True, max_length=32, default=lease_id, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="leases")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
+    grace_s = models.PositiveIntegerField()
+    state = models.CharField(max_length=10, choices=State.choices, default=State.ACTIVE)
+    created_at = models.DateTimeField(default=timezone.now)
+    heartbeat_at = models.DateTimeField(default=timezone.now)  # the last sign of life (the create, then each heartbeat)
+    expires_at = models.DateTimeField()  # heartbeat_at + grace_s
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["state", "expires_at"]), models.Index(fields=["team", "created_at"])]
+
+    def __str__(self) -> str:
+        return self.id
+
+
 class Launch(models.Model):
     """Many sandboxes in one call; forking a snapshot N times is a launch."""
 
@@ -162,9 +227,14 @@ class Launch(models.Model):
     cpu = models.FloatField()
     memory_mib = models.PositiveIntegerField()
     ttl_s = models.PositiveIntegerField()
+    idle_timeout_s = models.PositiveIntegerField(default=0)  # 0: none
     count = models.PositiveIntegerField()
+    # Its sandboxes share a memory cgroup this many at a time on each host (sandboxes/engine/cgroups.py:
+    # the opt-in for scale); 1: each its own.
+    memory_group_size = models.PositiveIntegerField(default=1)
     labels = models.JSONField(default=dict)
     network_policy = models.ForeignKey(NetworkPolicy, null=True, blank=True, on_delete=models.SET_NULL)
+    lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="launches")
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.CREATING)
     created_at = models.DateTimeField(default=timezone.now)
@@ -181,6 +251,36 @@ class Launch(models.Model):
         ]
         indexes = [models.Index(fields=["team", "created_at"])]
 
+    def member(self, index: int, host: Host, env: dict[str, str]) -> Sandbox:
+        """Its sandbox number ``index`` (not saved), shaped as the launch asked."""
+        return Sandbox(
+            team_id=self.team_id,
+            api_key_id=self.api_key_id,
+            host=host,
+            launch=self,
+            launch_index=index,
+            template=self.template,
+            snapshot_id=self.snapshot_id,
+            size=self.size,
+            cpu=self.cpu,
+            memory_mib=self.memory_mib,
+            ttl_s=self.ttl_s,
+            idle_timeout_s=self.idle_timeout_s,
+            network_policy_id=self.network_policy_id,
+            lease_id=self.lease_id,
+            env=env,
+            labels={**self.labels, "launch": self.id},
+            **self._memory_group(index, host),
+        )
+
+    def _memory_group(self, index: int, host: Host) -> dict[str, Any]:
+        """The memory group member ``index`` joins on ``host``, and the group's limit: what the group's
+        members would have had, together."""
+        if self.memory_group_size <= 1:
+            return {}
+        group = f"{self.id.lower().replace('_', '-')}-{host.pk}-{index // self.memory_group_size}"
+        return {"memory_group": group[:40], "memory_group_mib": self.memory_mib * self.memory_group_size}
+
 
 class Sandbox(models.Model):
     class State(models.TextChoices):
@@ -193,7 +293,14 @@ class Sandbox(models.Model):
         FAILED = "failed"  # it never started
         DESTROYED = "destroyed"
 
+    # Not yet ended: it holds (or will hold) a place on its host.
     LIVE = (State.QUEUED, State.CREATING, State.RUNNING, State.PAUSED, State.STOPPING)
+    ENDED = (State.STOPPED, State.FAILED, State.DESTROYED)
+    # Its processes exist: commands, files and snapshots can reach it.
+    STARTED = (State.RUNNING, State.PAUSED)
+    # Why a sandbox ended on its own (kept in error_code, with the engine's words in error_message): not errors.
+    # host_lost: its host stopped answering (FORKYARD_HOST_LOST_S), billed up to its last heartbeat.
+    END_REASONS = ("ttl_expired", "idle_timeout", "exited", "host_lost")
 
     id = models.CharField(primary_key=True, max_length=32, default=sandbox_id, editable=False)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sandboxes")
@@ -202,15 +309,22 @@ class Sandbox(models.Model):
     engine_id = models.CharField(max_length=64, blank=True)
     launch = models.ForeignKey(Launch, null=True, blank=True, on_delete=models.CASCADE, related_name="sandboxes")
     launch_index = models.PositiveIntegerField(null=True, blank=True)
+    # The memory group it is in on its host (its launch's memory_group_size), and that group's limit.
+    memory_group = models.CharField(max_length=40, blank=True)
+    memory_group_mib = models.PositiveIntegerField(default=0)
     template = models.CharField(max_length=64)
     snapshot = models.ForeignKey(Snapshot, null=True, blank=True, on_delete=models.PROTECT, related_name="sandboxes")
     size = models.CharField(max_length=32)
     cpu = models.FloatField()
     memory_mib = models.PositiveIntegerField()
     ttl_s = models.PositiveIntegerField()
+    # Destroyed by its engine after this many seconds without an exec or a file call; 0: never.
+    idle_timeout_s = models.PositiveIntegerField(default=0)
     network_policy = models.ForeignKey(NetworkPolicy, null=True, blank=True, on_delete=models.SET_NULL)
-    # Handed to the engine at create, then cleared: it may hold secrets.
-    env = models.JSONField(default=dict)
+    # Destroyed once this lease is over (its heartbeats stopped, or its client ended it).
+    lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="sandboxes")
+    # Handed to the engine at create, then cleared: it may hold secrets, so it is stored sealed.
+    env = SealedJSONField(default=dict, blank=True)
     labels = models.JSONField(default=dict)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
@@ -246,6 +360,34 @@ class Sandbox(models.Model):
     @property
     def live(self) -> bool:
         return self.state in self.LIVE
+
+    @property
+    def reachable(self) -> bool:
+        """Running or paused on a host whose engine has recorded it: something to exec in."""
+        return self.state in self.STARTED and bool(self.engine_id) and self.host_id is not None
+
+
+class ExposedPort(models.Model):
+    """A sandbox's TCP port reachable at a preview URL (``console/preview.py``); it closes with its sandbox."""
+
+    class Auth(models.TextChoices):
+        KEY = "key"  # the team's API key in a header
+        TOKEN = "token"  # a signed URL that expires
+        PUBLIC = "public"  # nothing
+
+    id = models.CharField(primary_key=True, max_length=32, default=port_id, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="exposed_ports")
+    sandbox = models.ForeignKey(Sandbox, on_delete=models.CASCADE, related_name="exposed_ports")
+    port = models.PositiveIntegerField()
+    auth = models.CharField(max_length=8, choices=Auth.choices)
+    created_at = models.DateTimeField(default=timezone.now)
+
+    class Meta:
+        constraints = [models.UniqueConstraint(fields=["sandbox", "port"], name="unique_exposed_port")]
+        indexes = [models.Index(fields=["team", "sandbox"])]
+
+    def __str__(self) -> str:
+        return f"{self.sandbox_id}:{self.port}"
 
 
 class BoardLease(models.Model):

@@ -13,13 +13,15 @@ import subprocess
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 
 from sandboxes.engine.client import EngineClient
 from tests.support.engine import EngineProcess
-from tests.support.stack import Stack
+from tests.support.grading import deploy, offer_tiny_model
+from tests.support.stack import Stack, running_stack
 from tests.support.stack import Team as StackTeam
 
 IS_ROOT = os.geteuid() == 0
@@ -81,14 +83,8 @@ def probe_binary(work_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def stack(work_dir: Path) -> Iterator[Stack]:
     """The whole product: engine, worker, web server, database (see tests/support/stack.py)."""
-    running = Stack(work_dir / "stack")
-    try:
-        running.start()
-    except BaseException:
-        running.stop()
-        raise
-    yield running
-    running.stop()
+    with running_stack(Stack(work_dir / "stack")) as started:
+        yield started
 
 
 @pytest.fixture
@@ -98,6 +94,29 @@ def api(stack: Stack) -> Iterator[httpx.Client]:
         yield client
 
 
+@pytest.fixture
+def running(api: httpx.Client) -> Iterator[str]:
+    """The id of a running tiny sandbox of team A, destroyed afterwards."""
+    sandbox = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny", "ttl_s": 600}).json()
+    yield sandbox["id"]
+    api.delete(f"/api/v1/sandboxes/{sandbox['id']}")
+
+
 @pytest.fixture(scope="session")
 def team_b(stack: Stack) -> StackTeam:
     return stack.new_team("Team B")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(stack: Stack, work_dir: Path) -> Path:
+    """The tiny random model (tests/support/tiny_model.py), offered by the operator for dedicated endpoints."""
+    return offer_tiny_model(stack, work_dir / "models")
+
+
+@pytest.fixture(scope="session")
+def judge(stack: Stack, tiny_model: Path) -> Iterator[dict[str, Any]]:
+    """Team A's dedicated endpoint serving the tiny model (ready), deleted at the end of the session."""
+    with stack.client() as api:
+        endpoint = deploy(api, "judge-a")
+        yield endpoint
+        api.delete(f"/api/v1/endpoints/{endpoint['id']}")

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from decimal import ROUND_HALF_UP, Decimal
 from typing import Any
 
 from django import template
+
+from billing import charts
 
 register = template.Library()
 
@@ -19,15 +22,45 @@ def thousands(value: Any) -> str:
         return str(value)
 
 
+def money(amount: Decimal) -> str:
+    """An amount in USD as people read money: "$0.00" for nothing, cents once it is a cent or more,
+    and up to six places below that, so that a sandbox's fraction of a cent does not read as nothing."""
+    if amount == 0:
+        return "$0.00"
+    sign = "-" if amount < 0 else ""
+    amount = abs(amount)
+    if amount >= Decimal("0.01"):
+        return f"{sign}${amount.quantize(Decimal('0.01'), rounding=ROUND_HALF_UP):,}"
+    small = amount.quantize(Decimal("0.000001"), rounding=ROUND_HALF_UP)
+    return f"{sign}${format(small, 'f').rstrip('0')}" if small else f"{sign}<$0.000001"
+
+
 @register.filter
 def dollars(value: Any) -> str:
-    """A Decimal amount in USD: cents once it is a dollar or more, else four places."""
+    """A Decimal amount in USD (``money``)."""
     try:
         amount = Decimal(value)
     except (TypeError, ArithmeticError, ValueError):
         return str(value)
-    places = Decimal("0.01") if abs(amount) >= 1 else Decimal("0.0001")
-    return f"${amount.quantize(places, rounding=ROUND_HALF_UP):,}"
+    return money(amount)
+
+
+@register.filter
+def percent(share: Any) -> str:
+    """0.42 -> 42%."""
+    try:
+        return f"{float(share) * 100:.0f}%"
+    except (TypeError, ValueError):
+        return str(share)
+
+
+@register.filter
+def share(percent: Any) -> float:
+    """42 (a percent) -> 0.42, for a <meter>."""
+    try:
+        return round(float(percent) / 100, 4)
+    except (TypeError, ValueError):
+        return 0.0
 
 
 @register.filter
@@ -50,3 +83,18 @@ def duration_s(seconds: Any) -> str:
 def decode_output(data: bytes | str) -> str:
     """A command's output as text (invalid UTF-8 replaced); the template escapes it."""
     return data.decode("utf-8", "replace") if isinstance(data, bytes) else str(data)
+
+
+@register.filter
+def series_colour(group: str) -> str:
+    """The colour a usage series has on every chart (``billing.charts.series_colour``)."""
+    return charts.series_colour(str(group))
+
+
+@register.filter
+def epoch(seconds: Any) -> datetime | None:
+    """Seconds since the epoch as a time (UTC), for the date filter."""
+    try:
+        return datetime.fromtimestamp(float(seconds), tz=UTC)
+    except (TypeError, ValueError, OverflowError, OSError):
+        return None

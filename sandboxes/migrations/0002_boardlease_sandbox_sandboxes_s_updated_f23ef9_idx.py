@@ -4,23 +4,22 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('console', '0001_initial'),
-        ('sandboxes', '0001_initial'),
+        ("console", "0001_initial"),
+        ("sandboxes", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='BoardLease',
+            name="BoardLease",
             fields=[
-                ('name', models.CharField(max_length=32, primary_key=True, serialize=False)),
-                ('holder', models.CharField(max_length=64)),
-                ('expires_at', models.DateTimeField()),
+                ("name", models.CharField(max_length=32, primary_key=True, serialize=False)),
+                ("holder", models.CharField(max_length=64)),
+                ("expires_at", models.DateTimeField()),
             ],
         ),
         migrations.AddIndex(
-            model_name='sandbox',
-            index=models.Index(fields=['updated_at'], name='sandboxes_s_updated_f23ef9_idx'),
+            model_name="sandbox",
+            index=models.Index(fields=["updated_at"], name="sandboxes_s_updated_f23ef9_idx"),
         ),
     ]

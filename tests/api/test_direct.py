@@ -19,10 +19,11 @@ def test_a_create_whose_caller_died_half_way_is_finished_by_reconciliation(stack
     the host agent queues it again once it is stuck, and it runs."""
     team = stack.teams[0]
     out = stack.shell(
-        "from console.models import ApiKey; from sandboxes import services;"
+        "from console.models import ApiKey; from sandboxes.schemas import SandboxCreate;"
+        " from sandboxes.services.sandboxes import sandbox_create;"
         f" key = ApiKey.objects.filter(team_id='{team.team_id}').first();"
-        " sandbox, _ = services.sandbox_create(team=key.team, key=key,"
-        " spec=services.CreateSpec(template='base', size='tiny', ttl_s=120), direct=True);"
+        " spec = SandboxCreate.model_validate({'template': 'base', 'size': 'tiny', 'ttl_s': 120});"
+        " sandbox, _ = sandbox_create(team=key.team, key=key, spec=spec, direct=True);"
         " print('ID', sandbox.id, sandbox.state)"
     )
     sandbox_id, state = out.split("ID ", 1)[1].split()
@@ -46,7 +47,9 @@ def test_a_create_that_does_not_wait_is_queued(stack, api) -> None:
 
 
 def test_a_direct_create_is_billed_from_the_engine_ready_time(stack, api) -> None:
-    created = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny", "ttl_s": 120, "labels": {"direct": "billed"}})
+    created = api.post(
+        "/api/v1/sandboxes", json={"template": "base", "size": "tiny", "ttl_s": 120, "labels": {"direct": "billed"}}
+    )
     assert created.status_code == 201 and created.json()["state"] == "running"
     api.delete(f"/api/v1/sandboxes/{created.json()['id']}")
     usage = api.get("/api/v1/usage", params={"group_by": "label:direct"}).json()

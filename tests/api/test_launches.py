@@ -93,3 +93,53 @@ def test_worker_killed_mid_launch_leaves_no_orphan_and_no_double(api, stack):
     time.sleep(2)  # one reconcile round
     with stack.engine.client() as engine:
         assert [s for s in engine.list() if s["labels"].get("launch") == created["id"]] == []
+
+
+@pytest.mark.parametrize("wait_running", [0, 20], ids=["while-queued", "mid-launch"])
+def test_a_launch_torn_down_early_leaves_nothing_running_or_billed(api, stack, wait_running):
+    """Issue: DELETE right after POST answered "stopping", then every sandbox was created and kept running
+    (and billed) for as long as anyone watched. A teardown wins over any create still in flight."""
+    created = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": 300, "ttl_s": 600}).json()
+    deadline = time.monotonic() + 60
+    while api.get(f"/api/v1/launches/{created['id']}").json()["progress"]["running"] < wait_running:
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    torn = api.delete(f"/api/v1/launches/{created['id']}")
+    assert torn.status_code == 200 and torn.json()["state"] in ("stopping", "stopped"), torn.text
+    final = wait_for(api, created["id"], {"stopped"}, timeout_s=120)
+    members = launch_members(api, created["id"])
+    assert final["progress"]["running"] == final["progress"]["creating"] == final["progress"]["queued"] == 0
+    assert {member["state"] for member in members} <= {"destroyed", "failed"}, {member["state"] for member in members}
+    time.sleep(2)  # a reconciliation round: a create that returned late is destroyed by now
+    with stack.engine.client() as engine:
+        assert [s for s in engine.list() if s["labels"].get("launch") == created["id"]] == []
+    usage = api.get("/api/v1/usage", params={"group_by": "label:launch"}).json()
+    line = next((line for line in usage["lines"] if line["group"] == created["id"]), None)
+    if line is not None:  # the members that ran were billed until they were destroyed, not after
+        later = api.get("/api/v1/usage", params={"group_by": "label:launch"}).json()
+        again = next(line for line in later["lines"] if line["group"] == created["id"])
+        assert again["seconds"] == line["seconds"], "a torn-down launch is still being billed"
+
+
+def test_a_teardown_is_done_by_the_web_server_while_the_hosts_worker_is_stopped(api, stack):
+    """The teardown's fast path: the web server asks the engine itself. With the host's worker gone (killed:
+    a worker frozen mid-write on SQLite would hold the database's one write lock, which is another test),
+    every member still ends; the command queued meanwhile, once a worker is back, changes nothing."""
+    created = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": 20, "ttl_s": 600}).json()
+    wait_for(api, created["id"], {"ready"}, timeout_s=120)
+    stack.kill(stack.worker_pid)
+    try:
+        assert api.delete(f"/api/v1/launches/{created['id']}").status_code == 200
+        final = wait_for(api, created["id"], {"stopped"}, timeout_s=60)
+        assert final["progress"]["ended"] == 20
+        ended = {member["id"]: member["ended_at"] for member in launch_members(api, created["id"])}
+        assert {member["state"] for member in launch_members(api, created["id"])} == {"destroyed"}
+    finally:
+        stack.start_worker()
+    with stack.engine.client() as engine:
+        assert [s for s in engine.list() if s["labels"].get("launch") == created["id"]] == []
+    after = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": 2, "ttl_s": 600}).json()
+    wait_for(api, after["id"], {"ready"}, timeout_s=120)  # the new worker has worked through the queue
+    assert {member["id"]: member["ended_at"] for member in launch_members(api, created["id"])} == ended
+    assert api.delete("/api/v1/sandboxes", params={"launch": after["id"]}).json()["count"] == 2
+    wait_for(api, after["id"], {"stopped"}, timeout_s=60)

@@ -7,6 +7,7 @@ import io
 import json
 import tarfile
 import time
+from datetime import UTC, datetime
 
 import pytest
 
@@ -55,17 +56,25 @@ def test_exec_results(api, sandbox):
 
 
 def test_exec_stream_sends_output_as_it_comes(api, sandbox):
-    lines = []
-    with api.stream(
-        "POST", f"/api/v1/sandboxes/{sandbox['id']}/exec/stream", json={"cmd": "for i in 1 2 3; do echo $i; sleep 0.1; done"}
-    ) as response:
+    """The first line arrives while the command still runs: the command waits for a file that
+    the test writes only once it has that line (a stream held back to the end would never get it)."""
+    base = f"/api/v1/sandboxes/{sandbox['id']}"
+    command = (
+        "echo first; i=0; while [ ! -e /tmp/go ] && [ $i -lt 600 ]; do sleep 0.05; i=$((i+1)); done; "
+        "if [ -e /tmp/go ]; then echo released; else echo never released; fi"
+    )
+    messages = []
+    with api.stream("POST", f"{base}/exec/stream", json={"cmd": command}) as response:
         assert response.headers["content-type"] == "application/x-ndjson"
         for line in response.iter_lines():
-            lines.append((time.monotonic(), json.loads(line)))
-    outputs = [message["data"] for _, message in lines if message["type"] == "stdout"]
-    assert "".join(outputs) == "1\n2\n3\n"
-    assert lines[-1][1]["type"] == "exit" and lines[-1][1]["exit_code"] == 0
-    assert lines[-1][0] - lines[0][0] > 0.15, "the output came all at once"
+            messages.append(json.loads(line))
+            if messages[-1] == {"type": "stdout", "data": "first\n"}:
+                written = api.put(f"{base}/files", params={"path": "/tmp/go"}, content=b"")
+                assert written.status_code == 200, written.text
+    outputs = [message["data"] for message in messages if message["type"] == "stdout"]
+    assert "".join(outputs) == "first\nreleased\n", messages
+    assert outputs[0] == "first\n", "the first line came with the rest"
+    assert [message["type"] for message in messages][-1] == "exit" and messages[-1]["exit_code"] == 0
 
 
 def test_files_round_trip_and_archives(api, sandbox):
@@ -122,16 +131,41 @@ def test_idempotent_create_creates_once(api, stack):
     api.delete(f"/api/v1/sandboxes/{first.json()['id']}")
 
 
-def test_ttl_ends_the_sandbox_and_its_billing(api):
+def test_ttl_ends_the_sandbox_and_its_billing(api, stack):
+    """The engine's TTL timer ends it (its own record says so), at the expiry the API promised, and the
+    billed period closes then."""
     sandbox = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny", "ttl_s": 1}).json()
-    deadline = time.monotonic() + 15
+    with stack.engine.client() as engine:
+        [engine_id] = [record["id"] for record in engine.list() if record.get("key") == sandbox["id"]]
+        expired_before = engine.info()["counters"]["ttl_expired"]
+    deadline = time.monotonic() + 30  # a guard against a hang, not a measure
     state = sandbox["state"]
     while time.monotonic() < deadline and state == "running":
         time.sleep(0.2)
         state = api.get(f"/api/v1/sandboxes/{sandbox['id']}").json()["state"]
     final = api.get(f"/api/v1/sandboxes/{sandbox['id']}").json()
     assert final["state"] == "destroyed", final
-    from datetime import datetime
+    with stack.engine.client() as engine:
+        record = engine.get(engine_id)
+        assert engine.info()["counters"]["ttl_expired"] > expired_before
+    assert (record["state"], record["reason"]) == ("destroyed", "ttl expired"), record
+    assert record["expires_at"] - record["created_at"] == pytest.approx(1.0)
+    assert record["ended_at"] >= record["expires_at"], "ended before its TTL"
 
-    lived = datetime.fromisoformat(final["ended_at"]) - datetime.fromisoformat(final["ready_at"])
-    assert lived.total_seconds() < 2.0, f"outlived its 1 s TTL: {lived}"
+    def epoch_ms(text: str) -> int:
+        return int(datetime.fromisoformat(text).timestamp() * 1000)
+
+    def engine_ms(epoch_s: float) -> int:
+        return int(datetime.fromtimestamp(epoch_s, tz=UTC).timestamp() * 1000)
+
+    # The API shows the engine's own times (to the millisecond), not when the control plane noticed.
+    assert epoch_ms(final["expires_at"]) == engine_ms(record["expires_at"])
+    assert epoch_ms(final["ended_at"]) == engine_ms(record["ended_at"])
+    listed = api.get("/api/v1/sandboxes", params={"state": "running", "limit": 1000}).json()["sandboxes"]
+    assert sandbox["id"] not in {item["id"] for item in listed}
+    # One billed period, closed at the engine's end time.
+    periods = stack.shell(
+        "from billing.models import UsagePeriod; "
+        f"print([(p.ended_at is None, int(p.ended_at.timestamp() * 1000) if p.ended_at else 0) for p in UsagePeriod.objects.filter(sandbox_id={sandbox['id']!r})])"
+    )
+    assert periods.strip().splitlines()[-1] == str([(False, engine_ms(record["ended_at"]))])

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from tests.api.test_schema import check
+from tests.support.ports import via_loopback
 
 pytestmark = pytest.mark.root
 
@@ -102,8 +103,8 @@ def test_a_snapshot_records_its_layer_services_and_source(api, web_snapshot):
     assert api.get(f"/api/v1/sandboxes/{source['id']}").json()["state"] == "running"
     assert run(api, source["id"], "cat /work/tree/f300")["stdout"] == "300\n"
     listed = api.get("/api/v1/snapshots", params={"label": "suite=snapshots"}).json()
-    assert snapshot["id"] in [row["id"] for row in listed]
-    assert api.get("/api/v1/snapshots", params={"label": "suite=other"}).json() == []
+    assert snapshot["id"] in [row["id"] for row in listed["snapshots"]]
+    assert api.get("/api/v1/snapshots", params={"label": "suite=other"}).json() == {"snapshots": [], "next_cursor": None}
 
 
 def test_forks_have_the_tree_and_the_service_and_keep_their_writes(api, web_snapshot):
@@ -170,7 +171,7 @@ def test_delete_is_refused_while_forks_live_and_closes_billing(api):
     assert deleted.status_code == 200, deleted.text
     assert deleted.json()["state"] == "deleted" and deleted.json()["deleted_at"]
     assert api.get(f"/api/v1/snapshots/{snapshot['id']}").status_code == 404
-    assert snapshot["id"] not in [row["id"] for row in api.get("/api/v1/snapshots").json()]
+    assert snapshot["id"] not in [row["id"] for row in api.get("/api/v1/snapshots").json()["snapshots"]]
     again = api.post("/api/v1/sandboxes", json={"snapshot": snapshot["id"], "size": "tiny"})
     assert again.status_code == 404 and again.json()["error"]["code"] == "snapshot_not_found"
 
@@ -314,3 +315,21 @@ def test_another_team_never_sees_or_uses_a_snapshot(stack, team_b, web_snapshot)
             assert response.json()["error"]["code"].endswith("_not_found")
     with stack.client() as owner:
         assert owner.get(f"/api/v1/snapshots/{snapshot['id']}").json()["state"] == "ready"
+
+
+def test_forks_services_are_exposed_at_their_own_preview_urls(stack, api, web_snapshot):
+    """Issue 12: a fork whose snapshot's service listens is exposed like any sandbox, each at its own URL."""
+    _, snapshot = web_snapshot
+    launch_id, forks = launch_forks(api, snapshot["id"], 2)
+    try:
+        urls = []
+        for fork in forks:
+            exposed = api.post(f"/api/v1/sandboxes/{fork['id']}/ports", json={"port": 8080, "auth": "public"})
+            assert exposed.status_code == 201, exposed.text
+            urls.append(exposed.json()["url"])
+            address, headers = via_loopback(exposed.json()["url"] + "index.html", stack.url)
+            page = httpx.get(address, headers=headers, timeout=30)
+            assert page.status_code == 200 and page.text == PAGE + "\n"
+        assert len(set(urls)) == 2
+    finally:
+        api.delete(f"/api/v1/launches/{launch_id}")

@@ -15,7 +15,7 @@ from urllib.parse import parse_qs, urlparse
 import pytest
 from playwright.sync_api import Page, expect
 
-from sandboxes.board_protocol import REQUESTED, RUNNING, STARTING, STOPPED
+from sandboxes.board.protocol import REQUESTED, RUNNING, STARTING, STOPPED
 from tests.browser.conftest import screenshot
 from tests.support.stack import Stack, Team, launch_members, wait_for_launch
 
@@ -25,7 +25,7 @@ SMALL = 480  # the "small" wordmark: one sandbox per lit pixel
 PROGRESS = ("requested", "queued", "creating", "running", "failed", "ended")
 LIVE = {"queued", "creating", "running", "paused", "stopping"}
 
-# The pixels the page holds, tallied by state (board_protocol's numbering), and its counters.
+# The pixels the page holds, tallied by state (the board protocol's numbering), and its counters.
 READ_BOARD = """() => {
   const board = window.forkyardBoard, states = board && board.states();
   if (!states) return null;
@@ -109,9 +109,9 @@ def test_a_small_launch_runs_every_pixel_and_tears_down(console: Page, stack: St
             screenshot(console, artifacts, "console-overview")
             console.goto(f"/board/?launch={launch_id}")
 
-            # Tearing down: every pixel stops, and nothing is left on the API or on the engine.
+            # Tearing down (asked first, in place): every pixel goes off, and nothing is left on the API or on the engine.
+            console.once("dialog", lambda dialog: dialog.accept())
             console.get_by_role("button", name="Tear down").click()
-            console.wait_for_url(f"**/board/?launch={launch_id}")
             board = wait_for_board(console, lambda board: board["tally"][STOPPED] == SMALL, 120, "every pixel stopped")
             final = wait_for_launch(api, launch_id, {"stopped"}, timeout_s=60)
             assert final["progress"] == settled(ended=SMALL)

@@ -57,6 +57,7 @@ def test_an_api_key_made_in_the_console_works_once_shown(
     screenshot(console, artifacts, "console-keys")
 
     console.once("dialog", lambda dialog: dialog.accept())
+    row.locator("summary").click()  # the key's actions: rename, rotate, revoke, delete
     row.get_by_role("button", name="Revoke").click()
     expect(console.get_by_role("row").filter(has_text="trainer from the browser")).to_contain_text("revoked")
     with httpx.Client(base_url=stack.url, headers={"Authorization": f"Bearer {secret}"}, timeout=30) as client:
@@ -86,7 +87,7 @@ def test_a_network_policy_made_in_the_console_is_the_apis(
     with stack.client(console_team) as api:
         listed = api.get("/api/v1/network-policies")
         assert listed.status_code == 200, listed.text
-    [policy] = [policy for policy in listed.json() if policy["name"] == "package-index"]
+    [policy] = [policy for policy in listed.json()["network_policies"] if policy["name"] == "package-index"]
     assert policy["description"] == "pip installs from PyPI"
     assert [(rule["host"] or rule["cidr"], rule["ports"], rule["protocol"]) for rule in policy["egress"]] == [
         ("pypi.org", [443], "tcp"),
@@ -105,20 +106,22 @@ def test_a_command_runs_in_a_sandbox_from_its_page(console: Page, stack: Stack, 
             console.wait_for_url(f"**/sandboxes/{sandbox_id}/")
             expect(console.get_by_role("heading", level=1)).to_contain_text("running")
 
-            command_box = console.locator("#exec")  # htmx swaps it for its answer: found again on each use
+            command_box = console.locator("#exec")  # its answers go to the top of the page's own history
             command_box.get_by_label("Command").fill("echo hello from $(hostname); echo to stderr >&2; exit 3")
             command_box.get_by_role("button", name="Run").click()
-            result = command_box.locator(".exec-result")
+            result = command_box.locator("#exec-history .exec-result").first
             expect(result).to_be_visible()
             expect(result.locator(".exec-meta strong")).to_have_text("3")
             expect(result.locator("pre.stdout")).to_have_text(re.compile(r"^hello from \S+\s*$"))
             expect(result.locator("pre.stderr")).to_have_text("to stderr\n")
             screenshot(console, artifacts, "console-sandbox-exec")
 
-            # A second command swaps the answer in place: the box is still there and works again.
+            # A second command goes on top of the first: the page keeps its own history (nothing stored).
             command_box.get_by_label("Command").fill("echo again")
             command_box.get_by_role("button", name="Run").click()
-            expect(result.locator("pre.stdout")).to_have_text("again\n")
+            expect(command_box.locator("#exec-history .exec-entry")).to_have_count(2)
+            expect(command_box.locator("#exec-history .exec-result").first.locator("pre.stdout")).to_have_text("again\n")
+            expect(command_box.locator("#exec-history .exec-result").nth(1).locator(".exec-meta strong")).to_have_text("3")
 
             console.goto("/sandboxes/")
             expect(console.get_by_role("row").filter(has_text=sandbox_id)).to_contain_text("running")

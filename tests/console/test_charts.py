@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import json
+import re
 from datetime import datetime, timedelta
 from decimal import Decimal
+from typing import Any
 
 import pytest
+from django.test import Client
+from django.urls import reverse
 from django.utils import timezone
 
 from billing.charts import bucket_starts, seconds_figure, usage_series, window_series
@@ -71,3 +76,34 @@ def test_a_chart_spans_its_window_even_with_nothing_in_it(world: World) -> None:
     assert datetime.fromisoformat(start) == series.buckets[0]
     assert datetime.fromisoformat(end) - datetime.fromisoformat(start) == timedelta(hours=24)
     assert figure["data"] == [] and "no usage" in figure["layout"]["annotations"][0]["text"]
+
+
+def figures(html: str) -> dict[str, Any]:
+    """The plotly figures a page carries (json_script blocks), by id."""
+    return {
+        found.group(1): json.loads(found.group(2))
+        for found in re.finditer(r'<script id="([\w-]+)" type="application/json">(.*?)</script>', html, re.S)
+        if '"data"' in found.group(2)
+    }
+
+
+def test_a_series_has_one_colour_on_every_chart(member_client: Client, world: World) -> None:
+    """By size and by key, seconds and cost, overview and usage: the same name, the same colour."""
+    now = timezone.now()
+    usage_period(world, now - timedelta(hours=2), now - timedelta(hours=1))
+    usage_period(world, now - timedelta(hours=3), now - timedelta(hours=2), size="default", price=Decimal("0.018"))
+    colours: dict[str, set[str]] = {}
+    for url in (reverse("console:usage"), reverse("console:overview")):
+        for figure in figures(member_client.get(url).content.decode()).values():
+            for trace in figure["data"]:
+                colours.setdefault(trace["name"], set()).add(trace["marker"]["color"])
+    assert {"tiny", "default", "trainer"} <= set(colours)
+    assert all(len(found) == 1 for found in colours.values()), colours
+    assert colours["tiny"] != colours["default"]
+
+
+def test_cost_so_far_counts_open_periods_up_to_now(member_client: Client, world: World) -> None:
+    usage_period(world, timezone.now() - timedelta(minutes=30), None, price=Decimal("36"))  # open: $18 so far
+    page = member_client.get(reverse("console:usage")).content.decode()
+    shown = re.search(r'Cost, 24h</div><div class="value"[^>]*>\$([\d,.]+)<', page)
+    assert shown and Decimal(shown.group(1).replace(",", "")) >= Decimal("18.00"), shown

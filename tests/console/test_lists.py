@@ -50,7 +50,7 @@ def next_link(html: str) -> str | None:
 
 
 def test_the_list_pages_with_constant_queries(member_client: Client, many: list[str], django_assert_max_num_queries) -> None:
-    url = reverse("console:sandboxes")
+    url = reverse("console:sandboxes") + "?state=all"
     with django_assert_max_num_queries(8) as first_queries:
         first = member_client.get(url).content.decode()
     assert sandbox_ids(first) == many[:50]
@@ -58,13 +58,27 @@ def test_the_list_pages_with_constant_queries(member_client: Client, many: list[
     link = next_link(first)
     assert link and "cursor=" in link
     with django_assert_max_num_queries(len(first_queries.captured_queries)):
-        second = member_client.get(url + link).content.decode()
+        second = member_client.get(reverse("console:sandboxes") + link).content.decode()
     assert sandbox_ids(second) == many[50:100]
     # The last page has no next link.
     last, pages = first, 1
     while (link := next_link(last)) is not None:
-        last, pages = member_client.get(url + link).content.decode(), pages + 1
+        last, pages = member_client.get(reverse("console:sandboxes") + link).content.decode(), pages + 1
     assert pages == ROWS // 50 and sandbox_ids(last) == many[-50:]
+
+
+def test_ended_sandboxes_are_hidden_unless_asked_and_one_is_found_by_id(member_client: Client, many: list[str]) -> None:
+    url = reverse("console:sandboxes")
+    live = member_client.get(url).content.decode()
+    failed = set(many[0::10])
+    assert sandbox_ids(live) == [sandbox_id for sandbox_id in many if sandbox_id not in failed][:50]
+    assert "1,800 matching" in live and "200 ended not shown" in live
+    ended = many[10]
+    found = member_client.get(url, {"q": ended})  # an exact id goes to its page, ended or not
+    assert found.status_code == 302 and found["Location"] == reverse("console:sandbox", args=[ended])
+    prefix = member_client.get(url, {"q": ended[:-2], "state": "all"}).content.decode()
+    assert ended in sandbox_ids(prefix) and len(sandbox_ids(prefix)) < 50
+    assert "id starts with" in member_client.get(url, {"q": "sb_nobody"}).content.decode()
 
 
 def test_filters_by_state_and_label(member_client: Client, many: list[str]) -> None:
@@ -72,7 +86,7 @@ def test_filters_by_state_and_label(member_client: Client, many: list[str]) -> N
     failed = member_client.get(url, {"state": "failed"}).content.decode()
     assert sandbox_ids(failed) == many[0:500:10][:50]
     assert "200 matching" in failed
-    labelled = member_client.get(url, {"label": "shard=1"}).content.decode()
+    labelled = member_client.get(url, {"label": "shard=1", "state": "all"}).content.decode()
     assert sandbox_ids(labelled) == many[1::4][:50]
     assert "500 matching" in labelled
     assert "label=shard%3D1" in (next_link(labelled) or "")  # the filter carries over to the next page
@@ -91,10 +105,15 @@ def test_a_launch_lists_its_sandboxes_by_page(member_client: Client, world: Worl
     url = reverse("console:launch", args=[launch.id])
     html = member_client.get(url).content.decode()
     assert len(sandbox_ids(html)) == 50 and "120" in html
-    assert next_link(html) == "?after=49"
-    assert len(sandbox_ids(member_client.get(url, {"after": "99"}).content.decode())) == 20
-    progress = member_client.get(url, headers={"HX-Request": "true"}).content.decode()
+    second = member_client.get(url + next_link(html)).content.decode()
+    assert len(sandbox_ids(second)) == 50 and not set(sandbox_ids(second)) & set(sandbox_ids(html))
+    third = member_client.get(url + next_link(second)).content.decode()
+    assert len(sandbox_ids(third)) == 20 and next_link(third) is None
+    progress = member_client.get(url, {"part": "progress"}, headers={"HX-Request": "true"}).content.decode()
     assert progress.lstrip().startswith('<section id="launch-progress"') and "every 2s" in progress
+    members = member_client.get(url, {"part": "members"}, headers={"HX-Request": "true"}).content.decode()
+    assert members.lstrip().startswith('<section id="launch-members"') and "every 2s" in members  # listed as they come
+    assert len(sandbox_ids(members)) == 50
 
 
 def test_launches_show_running_counts_without_a_query_a_row(

@@ -16,8 +16,8 @@ from django.utils import timezone
 from console.keys import api_key_create
 from console.routing import websocket_urlpatterns
 from console.services import team_create
-from sandboxes import board
-from sandboxes import board_protocol as wire
+from sandboxes.board import protocol as wire
+from sandboxes.board import ticker as board
 from sandboxes.models import Launch, Sandbox
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -175,3 +175,39 @@ def test_frames_are_compact_runs():
     assert wire.runs({0: 2, 1: 2, 2: 2, 5: 3, 6: 2}) == [(0, 3, 2), (5, 1, 3), (6, 1, 2)]
     section = wire.delta_section("launch_x", wire.Counters(requested=32752), {index: 2 for index in range(250)})
     assert len(section) < 100, "a chunk of 250 sandboxes going running is one run"
+
+
+def test_stopping_has_its_own_pixel_and_a_pixel_goes_off_only_when_its_sandbox_ended(launch) -> None:
+    """The ticker's pixels follow the rows: stopping (asked to stop, still on its engine) is not off;
+    destroyed (its engine's end recorded) is; paused has its own colour; the counters say how many."""
+    launch, _ = launch
+    ticker = board.Ticker()
+    ticker.tick()  # first sight of the launch: sent whole
+    ids = list(Sandbox.objects.filter(launch=launch).order_by("launch_index").values_list("pk", flat=True))
+    now = timezone.now()
+    Sandbox.objects.filter(pk__in=ids[:5]).update(state=Sandbox.State.RUNNING, updated_at=now)
+    Sandbox.objects.filter(pk__in=ids[5:8]).update(state=Sandbox.State.PAUSED, updated_at=now)
+    Sandbox.objects.filter(pk__in=ids[8:12]).update(state=Sandbox.State.STOPPING, updated_at=now)
+    Sandbox.objects.filter(pk__in=ids[12:14]).update(state=Sandbox.State.DESTROYED, updated_at=now)
+    frames = ticker.tick()[launch.team_id]
+    [section] = wire.parse(frames[-1])["sections"]
+    states = bytes(ticker.watched[launch.id].states)
+    assert states[:5] == bytes([wire.RUNNING] * 5)
+    assert states[5:8] == bytes([wire.PAUSED] * 3)
+    assert states[8:12] == bytes([wire.STOPPING] * 4), "asked to stop, not yet gone: not off"
+    assert states[12:14] == bytes([wire.STOPPED] * 2), "destroyed: off"
+    counters = section["counters"]
+    assert (counters.running, counters.paused, counters.stopping, counters.ended) == (8, 3, 4, 6)
+
+
+def test_a_torn_down_launchs_unmade_pixels_go_off(launch) -> None:
+    launch, _ = launch
+    Launch.objects.filter(pk=launch.pk).update(count=25)  # five members never made
+    ticker = board.Ticker()
+    ticker.tick()
+    assert bytes(ticker.watched[launch.id].states)[20:] == bytes([wire.REQUESTED] * 5)
+    Launch.objects.filter(pk=launch.pk).update(state=Launch.State.STOPPING)
+    Sandbox.objects.filter(launch=launch).update(state=Sandbox.State.DESTROYED, updated_at=timezone.now())
+    ticker.watched[launch.id].last_counters = 0
+    ticker.tick()
+    assert bytes(ticker.watched[launch.id].states) == bytes([wire.STOPPED] * 25), "they never will be made: off"

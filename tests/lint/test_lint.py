@@ -15,7 +15,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 # Everything that ships; the tests themselves are not typed.
-TYPED_PACKAGES = ["console", "sandboxes", "billing", "forkyard"]
+TYPED_PACKAGES = ["console", "sandboxes", "billing", "grading", "sdk/forkyard"]
 
 
 def run(*command: str) -> subprocess.CompletedProcess[str]:

@@ -7,6 +7,14 @@ ask for ``rabbitmq`` (``postgres`` with RabbitMQ on 127.0.0.1:5672 as the
 broker).  Every
 name the stack puts in a shared service (database, queues, Redis keys) carries
 a per-session tag, so concurrent sessions never meet.
+
+A stack is one host unless asked for more (``hosts=N``, or ``add_host``): each
+further host is an engine of its own (its state directory, cgroup parent,
+network pool and table, socket, and a TCP listener the others reach it by)
+with its own bulk and interactive workers on its own queues, as a second
+machine would run them.  ``engine_env`` sets every engine's
+``FORKYARD_ENGINE_*`` (a small ``MAX_SANDBOXES``), ``env`` every control-plane
+process's settings (``FORKYARD_MEMORY_OVERCOMMIT``, ``FORKYARD_LAUNCH_CHUNK``).
 """
 
 from __future__ import annotations
@@ -20,6 +28,8 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,6 +72,9 @@ class ExtraHost:
     name: str
     engine: EngineProcess
     worker_pid: int
+    interactive_worker_pid: int | None = None
+    suffix: str = ""  # its processes' logs: worker-<suffix>.log, interactive-<suffix>.log
+    address: str = ""  # how the others reach its engine (tcp://...)
 
 
 @dataclass
@@ -70,13 +83,21 @@ class Stack:
     backend: str = field(default_factory=lambda: os.environ.get("FORKYARD_TEST_BACKEND", "embedded"))
     tag: str = field(default_factory=lambda: uuid.uuid4().hex[:8])
     engine: EngineProcess | None = None
-    port: int = 0
+    port: int = 0  # HTTP: the API and the console (uvicorn)
+    ws_port: int = 0  # the board's websockets (Daphne)
     worker_pid: int | None = None
+    interactive_worker_pid: int | None = None  # the host's interactive lane (sandboxes.commands)
     web_pid: int | None = None
+    extra_web_pids: list[int] = field(default_factory=list)
+    board_pid: int | None = None
     database: str | None = None
     teams: list[Team] = field(default_factory=list)
     extra_hosts: list[ExtraHost] = field(default_factory=list)
     timing: dict[str, str] = field(default_factory=lambda: dict(TEST_TIMING))
+    hosts: int = 1  # how many hosts start() brings up, the first included
+    engine_env: dict[str, str] = field(default_factory=dict)  # FORKYARD_ENGINE_* of every engine it starts
+    env: dict[str, str] = field(default_factory=dict)  # settings of every control-plane process (web, workers)
+    warm_pools: str = "base:tiny=4"  # the first host's
 
     @property
     def url(self) -> str:
@@ -105,7 +126,9 @@ class Stack:
                 **self.timing,
                 "FORKYARD_BROKER_POLL_S": "0.005",
                 "FORKYARD_REGION": "test-region-1",
+                "FORKYARD_WEBSOCKET_PORT": str(self.ws_port),
                 "PYTHONPATH": str(PROJECT_ROOT),
+                **self.env,
             }
         )
         if self.backend in SERVER_BACKENDS:
@@ -119,7 +142,8 @@ class Stack:
     @property
     def queues(self) -> list[str]:
         """The broker queues this stack's workers consume (named after its tag)."""
-        return [f"host.{self.host_name}", f"control-{self.tag}", *(f"host.{host.name}" for host in self.extra_hosts)]
+        hosts = [self.host_name, *(host.name for host in self.extra_hosts)]
+        return [f"control-{self.tag}", *(f"host.{name}" for name in hosts), *(f"host.{name}.interactive" for name in hosts)]
 
     def manage(self, *args: str) -> str:
         completed = subprocess.run(
@@ -142,11 +166,14 @@ class Stack:
 
     def start(self) -> None:
         self.base_dir.mkdir(parents=True, exist_ok=True)
-        self.engine = EngineProcess(self.base_dir / "engine", tag=self.tag, warm_pools="base:tiny=4")
+        self.engine = EngineProcess(self.base_dir / "engine", tag=self.tag, warm_pools=self.warm_pools, env=self.engine_env)
         self.engine.start()
         with self.engine.client() as client:
             client.call("templates.build_base", name="base", replace=True)
-            client.call("pools.set", template="base", size="tiny", count=4)
+            for item in filter(None, self.warm_pools.split(",")):
+                key, _, count = item.partition("=")
+                template, _, size = key.partition(":")
+                client.call("pools.set", template=template, size=size, count=int(count))
         if self.backend in SERVER_BACKENDS:
             self.database = f"forkyard_test_{self.tag}"
             self._postgres(f'CREATE DATABASE "{self.database}"')
@@ -154,8 +181,15 @@ class Stack:
         # Team A runs the suite's heavy traffic; the rate-limit tests use a team of their own.
         self.teams.append(self.new_team("Team A", requests_per_second=5000))
         self.start_worker()
+        self.start_interactive_worker()
+        for number in range(2, self.hosts + 1):
+            self.add_host(str(number))  # its engine made while the first host's workers start
         self.start_web()
         self.wait_for_host()
+        self.wait_for_worker("interactive")
+        for host in self.extra_hosts:
+            self.wait_for_host(name=host.name, log=f"worker-{host.suffix}")
+            self.wait_for_worker(f"interactive-{host.suffix}")
 
     def new_team(self, name: str, **limits: int) -> Team:
         path = self.base_dir / f"team-{uuid.uuid4().hex[:6]}.json"
@@ -179,31 +213,73 @@ class Stack:
         return self.manage("shell", "-c", code)
 
     def start_worker(self) -> None:
+        """The host's bulk worker (control and host lanes), with its host agent and beat, as scripts/up runs it."""
         self.worker_pid = self._worker(f"control-{self.tag},host.{self.host_name}", self.environment(), "worker")
 
+    def start_interactive_worker(self) -> None:
+        """The host's interactive worker: its own process and pool, for the host's interactive lane only."""
+        self.interactive_worker_pid = self._interactive_worker(self.host_name, self.environment(), "interactive")
+
     def add_host(self, suffix: str = "2") -> ExtraHost:
-        """Another host: its own engine, reached over TCP with the stack's token, and its own worker."""
+        """Another host: its own engine, reached over TCP with the stack's token, and its own workers (on
+        ``host.<name>`` and its interactive lane); call ``wait_for_host(name=...)`` before placing on it."""
         port = _free_port()
         engine = EngineProcess(
             self.base_dir / f"engine-{suffix}",
             tag=f"{self.tag}{suffix}",
-            env={"FORKYARD_ENGINE_LISTEN": f"127.0.0.1:{port}", "FORKYARD_ENGINE_TOKEN": ENGINE_TOKEN},
+            env={**self.engine_env, "FORKYARD_ENGINE_LISTEN": f"127.0.0.1:{port}", "FORKYARD_ENGINE_TOKEN": ENGINE_TOKEN},
         )
         engine.start()
         with engine.client() as client:
             client.call("templates.build_base", name="base", replace=True)
         name = f"{self.host_name}-{suffix}"
-        environment = {
-            **self.environment(),
-            "FORKYARD_ENGINE_SOCKET": str(engine.config.socket_path),
-            "FORKYARD_ENGINE_ADDRESS": f"tcp://127.0.0.1:{port}",
-            "FORKYARD_HOST_NAME": name,
-        }
-        host = ExtraHost(name, engine, self._worker(f"host.{name}", environment, f"worker-{suffix}"))
+        host = ExtraHost(name, engine, 0, suffix=suffix, address=f"tcp://127.0.0.1:{port}")
+        self.start_host_workers(host)
         self.extra_hosts.append(host)
         return host
 
+    def host_environment(self, host: ExtraHost) -> dict[str, str]:
+        """A further host's workers' environment: the stack's, naming that host and its engine."""
+        return {
+            **self.environment(),
+            "FORKYARD_ENGINE_SOCKET": str(host.engine.config.socket_path),
+            "FORKYARD_ENGINE_ADDRESS": host.address,
+            "FORKYARD_HOST_NAME": host.name,
+        }
+
+    def start_host_workers(self, host: ExtraHost) -> None:
+        """A further host's bulk worker (its host agent and beat with it) and its interactive worker."""
+        environment = self.host_environment(host)
+        host.worker_pid = self._worker(f"host.{host.name}", environment, f"worker-{host.suffix}")
+        host.interactive_worker_pid = self._interactive_worker(host.name, environment, f"interactive-{host.suffix}")
+
+    def stop_host_workers(self, host: ExtraHost) -> None:
+        """Both its workers killed (SIGKILL), as a machine that went away: its heartbeat stops with them."""
+        self.kill(host.worker_pid)
+        self.kill(host.interactive_worker_pid)
+
+    def engines(self) -> dict[str, EngineProcess]:
+        """Every host's engine, by host name."""
+        assert self.engine is not None
+        return {self.host_name: self.engine, **{host.name: host.engine for host in self.extra_hosts}}
+
+    def held_by_engines(self, launch_id: str) -> dict[str, int]:
+        """How many of a launch's sandboxes each host's engine itself holds (what the kernel runs, not the rows)."""
+        held = {}
+        for name, engine in self.engines().items():
+            with engine.client() as direct:
+                held[name] = sum(1 for sandbox in direct.list() if sandbox["labels"].get("launch") == launch_id)
+        return held
+
     def _worker(self, queues: str, environment: dict[str, str], name: str) -> int:
+        beat = ["-B", "--schedule", str(self.base_dir / f"{name}-beat-schedule")]
+        return self._celery_worker(queues, environment, name, "8", beat)
+
+    def _interactive_worker(self, host_name: str, environment: dict[str, str], name: str) -> int:
+        """No host agent and no beat: the bulk worker runs those."""
+        return self._celery_worker(f"host.{host_name}.interactive", {**environment, "FORKYARD_HOST_AGENT": "0"}, name, "4", [])
+
+    def _celery_worker(self, queues: str, environment: dict[str, str], name: str, threads: str, extra: list[str]) -> int:
         log = self.base_dir / f"{name}.log"
         return Reaper.get().spawn(
             [
@@ -218,14 +294,12 @@ class Stack:
                 "--pool",
                 "threads",
                 "-c",
-                "8",
-                "-B",
+                threads,
                 "-n",
                 f"{name}-{self.tag}@%h",
                 "-l",
                 "info",
-                "--schedule",
-                str(self.base_dir / f"{name}-beat-schedule"),
+                *extra,
             ],
             environment,
             str(PROJECT_ROOT),
@@ -233,35 +307,86 @@ class Stack:
         )
 
     def start_web(self) -> None:
+        """The HTTP server (uvicorn: the API and the console) and the board's websockets (Daphne), as scripts/up runs them."""
         self.port = self.port or _free_port()
-        self.web_pid = Reaper.get().spawn(
-            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.port), "console.asgi:application"],
+        self.ws_port = self.ws_port or _free_port()
+        self.board_pid = Reaper.get().spawn(
+            [sys.executable, "-m", "daphne", "-b", "127.0.0.1", "-p", str(self.ws_port), "console.asgi:websocket_application"],
             self.environment(),
             str(PROJECT_ROOT),
-            str(self.base_dir / "web.log"),
+            str(self.base_dir / "board.log"),
         )
-        deadline = time.monotonic() + 30
+        self.web_pid = self._spawn_web(self.port, self.environment(), self.base_dir / "web.log")
+
+    def restart_web(self, environment: dict[str, str] | None = None) -> None:
+        """The HTTP server killed (SIGKILL) and started again on its port, with ``environment`` over the stack's own."""
+        self.kill(self.web_pid)
+        assert self.port is not None
+        self.web_pid = self._spawn_web(self.port, {**self.environment(), **(environment or {})}, self.base_dir / "web.log")
+
+    def start_view_only_web(self) -> str:
+        """A second HTTP server on the same stack with the API's hot path off (``FORKYARD_HOT_PATH``): every
+        request through its view, for tests that ask both the same thing.  Its URL; stopped with the stack."""
+        port = _free_port()
+        environment = {**self.environment(), "FORKYARD_HOT_PATH": "0"}
+        self.extra_web_pids.append(self._spawn_web(port, environment, self.base_dir / f"web-{port}.log"))
+        return f"http://127.0.0.1:{port}"
+
+    @staticmethod
+    def _spawn_web(port: int, environment: dict[str, str], log: Path) -> int:
+        """uvicorn serving HTTP as scripts/up runs it; its pid, once it answers."""
+        pid = Reaper.get().spawn(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "console.asgi:http_application",
+                *("--host", "127.0.0.1", "--port", str(port)),
+                *("--loop", "uvloop", "--http", "httptools", "--lifespan", "off", "--no-access-log"),
+            ],
+            environment,
+            str(PROJECT_ROOT),
+            str(log),
+        )
+        # A guard against a hang, not a measure: on a machine busy with other suites, importing Django
+        # and the project took uvicorn over 30 s (it then started, and was left running by the failure).
+        deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/api/v1/me", timeout=2).status_code == 401:
-                    return
+                if httpx.get(f"http://127.0.0.1:{port}/api/v1/me", timeout=2).status_code == 401:
+                    return pid
             except httpx.HTTPError:
                 time.sleep(0.1)
-        raise RuntimeError(f"the web server did not start:\n{(self.base_dir / 'web.log').read_text()[-3000:]}")
+        try:
+            os.kill(pid, signal.SIGKILL)  # not left behind: no one else knows its pid
+        except ProcessLookupError:
+            pass
+        raise RuntimeError(f"the web server did not start:\n{log.read_text()[-3000:]}")
 
-    def wait_for_host(self, timeout_s: float = 30, name: str | None = None) -> None:
+    def wait_for_host(self, timeout_s: float = 30, name: str | None = None, log: str = "worker") -> None:
         """Until the host (this stack's first, or ``name``) has registered and reported its templates."""
         name = name or self.host_name
         deadline = time.monotonic() + timeout_s
         with self.client() as client:
             while time.monotonic() < deadline:
-                templates = client.get("/api/v1/templates").json()
-                if isinstance(templates, list) and any(
-                    template["name"] == "base" and name in template["hosts"] for template in templates
-                ):
+                templates = client.get("/api/v1/templates").json().get("templates", [])
+                if any(template["name"] == "base" and name in template["hosts"] for template in templates):
                     return
                 time.sleep(0.1)
-        raise RuntimeError(f"the host did not register:\n{(self.base_dir / 'worker.log').read_text()[-3000:]}")
+        raise RuntimeError(f"the host did not register:\n{(self.base_dir / f'{log}.log').read_text()[-3000:]}")
+
+    def wait_for_worker(self, name: str, timeout_s: float = 60) -> None:
+        """Until the Celery worker logging to ``<name>.log`` says it is ready (it consumes its queues then:
+        on RabbitMQ a queue exists only once a consumer declared it)."""
+        log = self.base_dir / f"{name}.log"
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if log.exists() and " ready." in log.read_text(errors="replace"):
+                return
+            time.sleep(0.1)
+        raise RuntimeError(
+            f"the {name} worker is not ready:\n{log.read_text(errors='replace')[-3000:] if log.exists() else '(no log)'}"
+        )
 
     def client(self, team: Team | None = None, **options: Any) -> httpx.Client:
         team = team or self.teams[0]
@@ -279,9 +404,14 @@ class Stack:
 
     def stop(self) -> None:
         self.kill(self.web_pid)
+        for pid in self.extra_web_pids:
+            self.kill(pid)
+        self.kill(self.board_pid)
         self.kill(self.worker_pid)
+        self.kill(self.interactive_worker_pid)
         for host in self.extra_hosts:
             self.kill(host.worker_pid)
+            self.kill(host.interactive_worker_pid)
             host.engine.reclaim()
         if self.engine is not None:
             self.engine.reclaim()
@@ -316,6 +446,20 @@ class Stack:
         shutil.rmtree(self.base_dir, ignore_errors=True)
 
 
+@contextmanager
+def running_stack(stack: Stack) -> Iterator[Stack]:
+    """The stack started, and stopped after (also when it fails to start)."""
+    try:
+        stack.start()
+    except BaseException:
+        stack.stop()
+        raise
+    try:
+        yield stack
+    finally:
+        stack.stop()
+
+
 # --- launches, through the API (for any test holding a team's client) ---------------------------
 
 
@@ -328,6 +472,22 @@ def wait_for_launch(client: httpx.Client, launch_id: str, states: set[str], time
             return launch
         if time.monotonic() > deadline:
             raise AssertionError(f"launch {launch_id} stuck: {launch}")
+        time.sleep(0.2)
+
+
+def wait_for_sandboxes(
+    client: httpx.Client,
+    sandbox_ids: list[str],
+    states: tuple[str, ...] = ("destroyed", "stopped", "failed"),
+    timeout_s: float = 90,
+) -> dict[str, str]:
+    """Each sandbox's state once every one is in ``states`` (by default: ended), or as they are at the
+    guard's end (a guard against a hang, not a measure: the caller asserts what it expects)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        found = {sandbox_id: client.get(f"/api/v1/sandboxes/{sandbox_id}").json()["state"] for sandbox_id in sandbox_ids}
+        if all(state in states for state in found.values()) or time.monotonic() > deadline:
+            return found
         time.sleep(0.2)
 
 

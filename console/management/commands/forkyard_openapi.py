@@ -9,12 +9,12 @@ from typing import Any
 from django.conf import settings
 from django.core.management.base import BaseCommand, CommandError
 
+from console.urls import api
+
 DOCUMENT = Path(settings.BASE_DIR) / "docs" / "openapi.json"
 
 
 def current_document() -> str:
-    from console.urls import api
-
     return json.dumps(api.get_openapi_schema(path_prefix="/api/v1"), indent=4, sort_keys=True) + "\n"
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,6 @@ class Command(BaseCommand):
         )
         password = options["password"]
         if made_user or password:
-            import secrets
-
             password = password or secrets.token_urlsafe(12)
             user.set_password(password)
             user.save()

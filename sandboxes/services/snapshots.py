@@ -1,0 +1,113 @@
+"""Writes about snapshots: take one, delete one.
+
+A snapshot is taken by the engine of the host that runs its source sandbox:
+the row is recorded ``creating`` and ``ensure_snapshot_saved`` queued on that
+host's lane; the worker asks the engine and records the outcome
+(``worker.snapshots``).  In the engine a snapshot is a template named by the
+row's id, so forking it is an ordinary create naming it.
+
+Deleting follows one rule: refused (``snapshot_in_use``) while any live
+sandbox was forked from it or a launch from it is still starting; otherwise
+the row is ``deleted`` and its saved-state billing closes at once, and each
+host that holds it forgets it.  Child snapshots do not hold a parent: the
+engine keeps the layers they share for as long as anything uses them.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.db import transaction
+
+from console.errors import Conflict, Unavailable
+from console.models import ApiKey, Team
+from console.permissions import labels_for_create
+
+from .. import commands, selectors, transitions
+from ..models import Sandbox, Snapshot
+from .idempotency import insert_once, replay_of
+
+log = logging.getLogger("forkyard.snapshots")
+
+
+def snapshot_create(
+    *,
+    team: Team,
+    key: ApiKey | None,
+    sandbox: Sandbox,
+    name: str,
+    labels: dict[str, str],
+    services: list[dict[str, Any]],
+    idempotency_key: str | None = None,
+) -> tuple[Snapshot, bool]:
+    """Record a snapshot of a running or paused sandbox and queue it on the sandbox's host; (snapshot, created).
+
+    ``services`` are already validated (``schemas.ServiceIn``). A repeated
+    ``idempotency_key`` returns the first snapshot (a unique constraint decides).
+    """
+    existing = replay_of(Snapshot, team, idempotency_key)
+    if existing is not None:
+        return existing, False
+    selectors.require_started(sandbox, doing="be snapshotted")
+    labels = labels_for_create(key, labels)
+    host = sandbox.host
+    assert host is not None  # a started sandbox has a host
+    snapshot, inserted = insert_once(
+        Snapshot,
+        team=team,
+        idempotency_key=idempotency_key,
+        api_key=key,
+        name=name,
+        labels=labels,
+        source_sandbox=sandbox,
+        # A fork of a snapshot, snapshotted again: the new layer sits on that one.
+        parent_id=sandbox.snapshot_id,
+        template=sandbox.template,
+        host=host,
+        services=services,
+    )
+    if not inserted:
+        return snapshot, False
+    try:
+        commands.ensure_snapshot_saved(host, snapshot.pk)
+    except Exception as error:
+        # Whatever the broker raised, the command is not queued: fail now rather than later behind the caller's back.
+        log.warning("could not queue snapshot %s: %r", snapshot.pk, error)
+        transitions.snapshot_failed(snapshot, code="broker_unavailable", message="the command could not be queued")
+        raise Unavailable("broker_unavailable", "the task broker is unavailable; try again shortly") from error
+    snapshot.refresh_from_db()
+    return snapshot, True
+
+
+def snapshot_delete(*, snapshot: Snapshot) -> Snapshot:
+    """Delete a snapshot nothing uses; ``snapshot_in_use`` otherwise.  Idempotent."""
+    with transaction.atomic():
+        # Creates and launches from a snapshot lock its row too (``selectors.ready_snapshot_locked``),
+        # so a fork cannot slip in between this count and the delete.
+        locked = Snapshot.objects.select_for_update().get(pk=snapshot.pk)
+        if locked.state == Snapshot.State.DELETED:
+            return locked
+        users = selectors.snapshot_users(locked)
+        if any(users.values()):
+            raise Conflict(
+                "snapshot_in_use",
+                f"snapshot {locked.pk} is in use by {users['forks_alive']} live sandboxes and "
+                f"{users['launches_starting']} starting launches: destroy them first",
+                details=users,
+            )
+        transitions.snapshot_deleted(locked)
+        hosts = set(locked.hosts.all())
+        if locked.host is not None:
+            hosts.add(locked.host)
+
+        def queue() -> None:
+            for host in hosts:
+                try:
+                    commands.ensure_snapshot_gone(host, locked.pk)
+                except Exception as error:  # noqa: BLE001 - the host agent's sweep forgets it later
+                    log.warning("could not queue forgetting %s on %s: %r", locked.pk, host.name, error)
+
+        transaction.on_commit(queue)
+    locked.refresh_from_db()
+    return locked

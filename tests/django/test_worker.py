@@ -1,0 +1,405 @@
+"""The worker against a recording fake engine: bring-up, take-down, dispatch, reconcile, snapshots, and the races.
+
+Everything but the engine is real: the database, the transitions, the
+worker's threads.  The engine's answers are the fake's (tests/support/fake_engine.py),
+so a test can hold a create inside the engine while a destroy or a teardown
+arrives, which the real engine's speed makes a matter of luck.
+"""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from django.utils import timezone
+
+from billing.models import UsagePeriod
+from sandboxes import commands
+from sandboxes.commands import Command
+from sandboxes.engine import errors as engine_errors
+from sandboxes.models import Host, Launch, Lease, Sandbox, Snapshot
+from sandboxes.schemas import SandboxCreate
+from sandboxes.services.launches import launch_create, launch_destroy
+from sandboxes.services.sandboxes import sandbox_destroy
+from sandboxes.worker import bring_up, dispatch, reconcile, snapshots, take_down
+
+pytestmark = pytest.mark.django_db(transaction=True)
+S = Sandbox.State
+
+
+def creates(engine: Any) -> list[dict[str, Any]]:
+    return [args for op, args in engine.calls if op == "create"]
+
+
+def test_bring_up_makes_each_row_once_keyed_by_its_id_and_bills_from_ready(cluster: Any, make_row: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    rows = [make_row(host=host) for _ in range(5)]
+    ids = [row.pk for row in rows]
+    assert bring_up.bring_up(host, ids) == {"running": 5, "failed": 0, "destroyed": 0}
+    engine = cluster.engine(host)
+    made = creates(engine)
+    assert sorted(args["key"] for args in made) == sorted(ids)
+    assert all((args["size"], args["cpu"], args["memory_mib"]) == ("tiny", 1.0, 128) for args in made)
+    for row in Sandbox.objects.filter(pk__in=ids):
+        record = engine.sandboxes[row.engine_id]
+        assert (row.state, record["key"], row.env) == (S.RUNNING, row.pk, {})
+        [period] = UsagePeriod.objects.filter(sandbox=row)
+        assert abs(period.started_at.timestamp() - record["ready_at"]) < 0.001
+    assert bring_up.bring_up(host, ids) == {"running": 0, "failed": 0, "destroyed": 0}, "a replayed command does nothing"
+    assert len(creates(engine)) == 5
+
+
+def test_a_command_replayed_after_its_worker_died_gets_the_same_engine_sandboxes(cluster: Any, make_row: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    rows = [make_row(S.CREATING, host=host) for _ in range(3)]
+    first = {row.pk: engine.create(template="base", key=row.pk)["id"] for row in rows[:2]}  # made before the worker died
+    assert bring_up.bring_up(host, [row.pk for row in rows])["running"] == 3
+    assert len(engine.sandboxes) == 3
+    assert {pk: Sandbox.objects.get(pk=pk).engine_id for pk in first} == first
+
+
+def test_an_engine_error_fails_the_row_with_its_code(cluster: Any, make_row: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    cluster.engine(host).fail("create", engine_errors.TemplateNotFound("no template 'base'"))
+    row = make_row(host=host)
+    assert bring_up.bring_up(host, [row.pk])["failed"] == 1
+    row.refresh_from_db()
+    assert (row.state, row.error_code, row.ended_at is not None) == (S.FAILED, "template_not_found", True)
+
+
+def test_an_engine_that_does_not_answer_leaves_the_rows_for_the_retry(cluster: Any, make_row: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    cluster.engine(host).fail("create", engine_errors.Unavailable("connection refused"))
+    row = make_row(host=host)
+    with pytest.raises(engine_errors.Unavailable):
+        bring_up.bring_up(host, [row.pk])
+    assert Sandbox.objects.get(pk=row.pk).state == S.CREATING
+
+
+def test_a_destroy_that_arrives_during_the_create_wins(cluster: Any, make_row: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    row = make_row(host=host)
+    with engine.hold_creates():
+        worker = threading.Thread(target=bring_up.bring_up, args=(host, [row.pk]))
+        worker.start()
+        engine.wait_for_create()
+        assert sandbox_destroy(sandbox=row).state == S.STOPPING
+        assert sent.named(Command.ENSURE_GONE) == [[host.name, [row.pk]]]
+        # The ensure_gone command may run now: there is nothing of it in the engine yet to destroy.
+        assert take_down.take_down(host, [row.pk]) == 0
+    worker.join(10)
+    row.refresh_from_db()
+    assert row.state == S.DESTROYED and row.engine_id
+    assert engine.sandboxes[row.engine_id]["state"] == "destroyed"
+    assert ("destroy", {"id": row.engine_id}) in engine.calls
+    assert not UsagePeriod.objects.filter(sandbox=row).exists(), "it never ran, so it was never billed"
+
+
+def test_take_down_destroys_and_closes_billing_at_the_engines_end_time(cluster: Any, make_row: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    rows = [make_row(host=host) for _ in range(3)]
+    bring_up.bring_up(host, [row.pk for row in rows])
+    for row in rows:
+        sandbox_destroy(sandbox=row)
+    assert take_down.take_down(host, [row.pk for row in rows]) == 3
+    engine = cluster.engine(host)
+    for row in Sandbox.objects.filter(pk__in=[row.pk for row in rows]):
+        assert row.state == S.DESTROYED and engine.sandboxes[row.engine_id]["state"] == "destroyed"
+        [period] = UsagePeriod.objects.filter(sandbox=row)
+        assert abs(period.ended_at.timestamp() - engine.sandboxes[row.engine_id]["ended_at"]) < 0.001
+    assert take_down.take_down(host, [row.pk for row in rows]) == 0, "a replay destroys nothing twice"
+
+
+def test_take_down_records_what_the_engine_destroyed_and_retries_the_rest(
+    cluster: Any, make_row: Any, sent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    rows = [make_row(host=host) for _ in range(3)]
+    bring_up.bring_up(host, [row.pk for row in rows])
+    for row in rows:
+        sandbox_destroy(sandbox=row)
+    stuck = Sandbox.objects.get(pk=rows[1].pk).engine_id
+    destroy = engine.destroy
+
+    def failing(sandbox_id: str) -> dict[str, Any]:
+        if sandbox_id == stuck:
+            raise engine_errors.EngineError("the engine could not unmount it")
+        return destroy(sandbox_id)
+
+    monkeypatch.setattr(engine, "destroy", failing)
+    with pytest.raises(engine_errors.EngineError, match="could not unmount"):
+        take_down.take_down(host, [row.pk for row in rows])
+    states = {row.pk: row.state for row in Sandbox.objects.filter(pk__in=[row.pk for row in rows])}
+    assert states == {rows[0].pk: S.DESTROYED, rows[1].pk: S.STOPPING, rows[2].pk: S.DESTROYED}
+    monkeypatch.setattr(engine, "destroy", destroy)
+    assert take_down.take_down(host, [row.pk for row in rows]) == 1, "the retry destroys only what was left"
+    assert Sandbox.objects.get(pk=rows[1].pk).state == S.DESTROYED
+
+
+def test_take_down_falls_back_to_a_destroy_each_on_an_engine_without_destroy_many(
+    cluster: Any, make_row: Any, sent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    rows = [make_row(host=host) for _ in range(4)]
+    bring_up.bring_up(host, [row.pk for row in rows])
+    for row in rows:
+        sandbox_destroy(sandbox=row)
+
+    def unknown(sandbox_ids: list[str]) -> list[dict[str, Any]]:
+        raise engine_errors.InvalidRequest("unknown operation 'destroy_many'", field="op", ops=["destroy"])
+
+    monkeypatch.setattr(engine, "destroy_many", unknown)
+    assert take_down.take_down(host, [row.pk for row in rows]) == 4
+    assert set(Sandbox.objects.filter(pk__in=[row.pk for row in rows]).values_list("state", flat=True)) == {S.DESTROYED}
+    assert all(
+        engine.sandboxes[row.engine_id]["state"] == "destroyed" for row in Sandbox.objects.filter(pk__in=[r.pk for r in rows])
+    )
+
+
+# --- launches: dispatch, and teardown winning whatever the order ---------------------------------
+
+
+def _launch(team: Any, count: int) -> Launch:
+    spec = SandboxCreate.model_validate({"template": "base", "size": "tiny", "ttl_s": 600})
+    launch, created = launch_create(team=team, key=None, spec=spec, count=count)
+    assert created
+    return launch
+
+
+def test_dispatch_spreads_chunks_over_the_hosts_with_room(cluster: Any, team: Any, sent: Any, settings: Any) -> None:
+    settings.FORKYARD_LAUNCH_CHUNK = 2
+    cluster.add_host("roomy", max_sandboxes=5)
+    cluster.add_host("small", max_sandboxes=4)
+    launch = _launch(team, 6)
+    assert sent.named(Command.DISPATCH_LAUNCH) == [[launch.pk, ""]]
+    assert dispatch.dispatch(launch.pk, "") == 6
+    queued = sent.named(Command.ENSURE_RUNNING)
+    assert [host for host, _ in queued] == ["roomy", "small", "roomy"]  # room 5, 4 -> 3, 4 -> 3, 2 -> 1, 2
+    assert dispatch.dispatch(launch.pk, "") == 0, "a replay inserts nothing twice"
+    assert Sandbox.objects.filter(launch=launch).count() == 6 and len(sent.named(Command.ENSURE_RUNNING)) == 3
+
+
+def test_a_launch_whose_hosts_all_went_away_fails(cluster: Any, team: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    launch = _launch(team, 2)
+    Host.objects.filter(pk=host.pk).update(last_heartbeat=timezone.now() - timedelta(hours=1))  # its agent stopped
+    assert dispatch.dispatch(launch.pk, "") == 0
+    assert Launch.objects.get(pk=launch.pk).state == Launch.State.FAILED
+
+
+def test_a_launch_torn_down_before_its_dispatch_makes_nothing(cluster: Any, team: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    launch = _launch(team, 4)
+    launch_destroy(launch=launch)
+    assert Launch.objects.get(pk=launch.pk).state == Launch.State.STOPPED
+    assert dispatch.dispatch(launch.pk, "") == 0
+    assert not Sandbox.objects.filter(launch=launch).exists() and not creates(cluster.engine(host))
+
+
+def test_a_launch_torn_down_during_its_dispatch_gains_no_member_and_starts_none(
+    cluster: Any, team: Any, sent: Any, settings: Any
+) -> None:
+    """Issue: DELETE right after POST left every sandbox running; here the teardown lands between two chunks."""
+    settings.FORKYARD_LAUNCH_CHUNK = 2
+    host = cluster.add_host("h1")
+    launch = _launch(team, 6)
+    sent.then(Command.ENSURE_RUNNING, lambda args: launch_destroy(launch=Launch.objects.get(pk=launch.pk)))
+    assert dispatch.dispatch(launch.pk, "") == 2, "the first chunk was queued before the teardown, the rest never made"
+    members = list(Sandbox.objects.filter(launch=launch))
+    assert len(members) == 2 and {member.state for member in members} == {S.DESTROYED}
+    [(host_name, ids)] = sent.named(Command.ENSURE_RUNNING)
+    assert bring_up.bring_up(host, ids) == {"running": 0, "failed": 0, "destroyed": 0}, "the queued command starts nothing"
+    assert not creates(cluster.engine(host))
+    assert Launch.objects.get(pk=launch.pk).state == Launch.State.STOPPED
+
+
+def test_a_launch_torn_down_while_its_sandboxes_are_being_created_leaves_none_running(
+    cluster: Any, team: Any, sent: Any, settings: Any
+) -> None:
+    settings.FORKYARD_LAUNCH_CHUNK = 3
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    launch = _launch(team, 6)
+    dispatch.dispatch(launch.pk, "")
+    first, second = sent.named(Command.ENSURE_RUNNING)
+    with engine.hold_creates():
+        worker = threading.Thread(target=bring_up.bring_up, args=(host, first[1]))
+        worker.start()
+        engine.wait_for_create()
+        launch_destroy(launch=Launch.objects.get(pk=launch.pk))
+    worker.join(10)
+    bring_up.bring_up(host, second[1])  # the second chunk's command, arriving after the teardown
+    assert engine.running() == []
+    assert set(Sandbox.objects.filter(launch=launch).values_list("state", flat=True)) == {S.DESTROYED}
+    assert not UsagePeriod.objects.filter(sandbox__launch=launch, ended_at__isnull=True).exists()
+    assert Launch.objects.get(pk=launch.pk).state == Launch.State.STOPPED
+
+
+# --- reconciliation ------------------------------------------------------------------------------
+
+
+def test_reconcile_brings_the_record_and_the_engine_back_together(cluster: Any, make_row: Any, sent: Any, settings: Any) -> None:
+    settings.FORKYARD_STUCK_AFTER_S = 60
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    long_ago = timezone.now() - timedelta(minutes=5)
+    # A running row whose engine sandbox is gone (its TTL ran out in the engine).
+    gone = make_row(host=host)
+    bring_up.bring_up(host, [gone.pk])
+    gone.refresh_from_db()
+    engine.sandboxes[gone.engine_id].update(state="destroyed", ended_at=timezone.now().timestamp())
+    # An engine sandbox nobody's row names.
+    orphan = engine.create(template="base", key="sb_nobody")
+    # A create whose worker died after the engine made it, long ago.
+    lost = make_row(S.CREATING, host=host)
+    engine.create(template="base", key=lost.pk)
+    # A queued row whose command was lost with the broker.
+    stuck = make_row(S.QUEUED, host=host)
+    Sandbox.objects.filter(pk__in=[lost.pk, stuck.pk]).update(updated_at=long_ago)
+
+    counts = reconcile.reconcile(host)
+    assert (counts["ended"], counts["orphans_destroyed"], counts["adopted"], counts["requeued"]) == (1, 1, 1, 1)
+    assert Sandbox.objects.get(pk=gone.pk).state == S.DESTROYED
+    assert engine.sandboxes[orphan["id"]]["state"] == "destroyed"
+    assert (
+        Sandbox.objects.get(pk=lost.pk).state == S.RUNNING
+        and UsagePeriod.objects.filter(sandbox=lost, ended_at=None).count() == 1
+    )
+    assert [stuck.pk] in [ids for _, ids in sent.named(Command.ENSURE_RUNNING)]
+    assert reconcile.reconcile(host) == {
+        "ended": 0,
+        "adopted": 0,
+        "orphans_destroyed": 0,
+        "requeued": 0,
+        "billing_fixed": 0,
+        "lease_destroyed": 0,
+    }
+
+
+def test_reconcile_expires_silent_leases_and_takes_down_what_they_held(
+    cluster: Any, make_row: Any, make_launch_row: Any, team: Any, sent: Any
+) -> None:
+    """Through the normal destroy path: each host's agent asks its own sandboxes of an over lease to stop
+    and hands them to its lane; a launch of one is torn down, whichever agent sees it first."""
+    here, there = cluster.add_host("h1"), cluster.add_host("h2")
+    now = timezone.now()
+    silent = Lease.objects.create(
+        team=team, grace_s=5, heartbeat_at=now - timedelta(seconds=60), expires_at=now - timedelta(seconds=55)
+    )
+    alive = Lease.objects.create(team=team, grace_s=60, expires_at=now + timedelta(seconds=60))
+    running = make_row(S.RUNNING, host=here, engine_id="engine-1", lease=silent)
+    queued = make_row(S.QUEUED, host=here, lease=silent)
+    elsewhere = make_row(S.RUNNING, host=there, engine_id="engine-2", lease=silent)
+    kept = make_row(S.RUNNING, host=here, engine_id="engine-3", lease=alive)
+    launch = make_launch_row(count=2, lease=silent)
+    cluster.engine(here).sandboxes["engine-1"] = {"id": "engine-1", "key": running.pk, "state": "running", "labels": {}}
+    cluster.engine(here).sandboxes["engine-3"] = {"id": "engine-3", "key": kept.pk, "state": "running", "labels": {}}
+
+    counts = reconcile.reconcile(here)
+    assert counts["lease_destroyed"] == 2
+    lease = Lease.objects.get(pk=silent.pk)
+    assert lease.state == Lease.State.EXPIRED and lease.ended_at == lease.expires_at
+    assert Lease.objects.get(pk=alive.pk).state == Lease.State.ACTIVE
+    states = {row.pk: Sandbox.objects.get(pk=row.pk).state for row in (running, queued, elsewhere, kept)}
+    assert states == {running.pk: S.STOPPING, queued.pk: S.DESTROYED, elsewhere.pk: S.RUNNING, kept.pk: S.RUNNING}
+    assert Launch.objects.get(pk=launch.pk).state in (Launch.State.STOPPING, Launch.State.STOPPED)
+    assert [args for args in sent.named(commands.Command.ENSURE_GONE)] == [[here.name, [running.pk]]]
+    assert reconcile.reconcile(here)["lease_destroyed"] == 0, "what is stopping already is not asked twice"
+    assert reconcile.reconcile(there)["lease_destroyed"] == 1, "the other host's agent takes its own"
+
+
+def test_reconcile_fixes_billing_both_ways(cluster: Any, make_row: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    unbilled = make_row(host=host)
+    bring_up.bring_up(host, [unbilled.pk])
+    UsagePeriod.objects.filter(sandbox=unbilled).delete()
+    ended = make_row(S.DESTROYED, host=host, ended_at=timezone.now())
+    UsagePeriod.objects.create(
+        team=ended.team, sandbox=ended, kind="running", unit_price=1, started_at=timezone.now() - timedelta(hours=1)
+    )
+    assert reconcile.reconcile_billing(host) == 2
+    assert UsagePeriod.objects.filter(sandbox=unbilled, ended_at=None).count() == 1
+    assert not UsagePeriod.objects.filter(sandbox=ended, ended_at=None).exists()
+
+
+# --- snapshots -----------------------------------------------------------------------------------
+
+
+def test_a_snapshot_is_taken_by_the_sources_host_and_billed_once_ready(cluster: Any, make_row: Any, team: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    source = make_row(host=host)
+    bring_up.bring_up(host, [source.pk])
+    source.refresh_from_db()
+    snapshot = Snapshot.objects.create(team=team, name="deps", source_sandbox=source, template="base", host=host)
+    assert snapshots.snapshot_take(host, snapshot.pk) == Snapshot.State.READY
+    assert snapshots.snapshot_take(host, snapshot.pk) == Snapshot.State.READY, "a replay"
+    engine = cluster.engine(host)
+    assert [args for op, args in engine.calls if op == "snapshots.create"] == [
+        {"sandbox": source.engine_id, "name": snapshot.pk, "services": []}
+    ]
+    snapshot.refresh_from_db()
+    assert (snapshot.size_bytes, snapshot.layer_id) == (2**20, f"layer-of-{snapshot.pk}")
+    assert UsagePeriod.objects.filter(snapshot=snapshot, kind="saved_state", ended_at=None).count() == 1
+
+
+def test_a_snapshot_of_a_sandbox_that_stopped_fails_with_a_code(cluster: Any, make_row: Any, team: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    source = make_row(S.DESTROYED, host=host)
+    snapshot = Snapshot.objects.create(team=team, name="late", source_sandbox=source, template="base", host=host)
+    assert snapshots.snapshot_take(host, snapshot.pk) == Snapshot.State.FAILED
+    snapshot.refresh_from_db()
+    assert snapshot.error_code == "sandbox_not_running" and "destroyed" in snapshot.error
+
+
+# --- commands ------------------------------------------------------------------------------------
+
+
+def test_every_command_is_a_registered_task() -> None:
+    import grading.tasks  # noqa: F401 - registers them, as a worker does at start
+    import sandboxes.tasks  # noqa: F401
+
+    assert {str(command) for command in Command} <= set(commands.app.tasks)
+    assert set(commands.EXPIRES) == set(Command)
+
+
+def test_host_commands_travel_on_their_hosts_lane_and_expire(cluster: Any, sent: Any, settings: Any) -> None:
+    settings.FORKYARD_LAUNCH_CHUNK = 2
+    host = cluster.add_host("h1")
+    commands.ensure_gone(host, ["a", "b", "c"])
+    commands.dispatch_launch("launch_x", "")
+    assert sent.commands == [
+        (str(Command.ENSURE_GONE), ["h1", ["a", "b"]], "host.h1", 3600),
+        (str(Command.ENSURE_GONE), ["h1", ["c"]], "host.h1", 3600),
+        (str(Command.DISPATCH_LAUNCH), ["launch_x", ""], settings.CELERY_TASK_DEFAULT_QUEUE, None),
+    ]
+
+
+# --- secrets at rest ----------------------------------------------------------------------------
+
+
+def test_a_launchs_environment_is_sealed_in_the_broker_and_the_database(cluster: Any, team: Any, sent: Any) -> None:
+    from django.db import connection
+
+    host = cluster.add_host("h1")
+    spec = SandboxCreate.model_validate({"template": "base", "size": "tiny", "env": {"TOKEN": "s3cret-value"}})
+    launch, _ = launch_create(team=team, key=None, spec=spec, count=2)
+    [[_, sealed]] = sent.named(Command.DISPATCH_LAUNCH)
+    assert sealed.startswith("sealed:") and "s3cret" not in sealed
+    dispatch.dispatch(launch.pk, sealed)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT env FROM sandboxes_sandbox WHERE launch_id = %s", [launch.pk])
+        stored = [row[0] for row in cursor.fetchall()]
+    assert len(stored) == 2 and all(value.startswith("sealed:") and "s3cret" not in value for value in stored)
+    assert all(row.env == {"TOKEN": "s3cret-value"} for row in Sandbox.objects.filter(launch=launch))
+    [(_, ids)] = sent.named(Command.ENSURE_RUNNING)
+    bring_up.bring_up(host, ids)
+    assert [args["env"] for args in creates(cluster.engine(host))] == [{"TOKEN": "s3cret-value"}] * 2
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT env FROM sandboxes_sandbox WHERE launch_id = %s", [launch.pk])
+        assert {row[0] for row in cursor.fetchall()} == {""}, "cleared once the engine has it"
