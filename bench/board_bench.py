@@ -36,8 +36,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_bench import machine, write_report  # noqa: E402
-from sandboxes.board_protocol import RUNNING, parse  # noqa: E402
+from bench.engine_bench import conclude, conditions, write_report  # noqa: E402
+from sandboxes.board.protocol import RUNNING, parse  # noqa: E402
 from tests.support.stack import PRODUCTION_TIMING, Stack  # noqa: E402
 
 
@@ -64,7 +64,8 @@ async def watch(stack: Stack, launch_id: str, count: int, cookie: str, timeout_s
     frames: list[tuple[float, int]] = []
     became_running: dict[int, float] = {}
     started = time.monotonic()
-    url = stack.url.replace("http", "ws") + f"/ws/board/{launch_id}/"
+    # The board's websockets are served by Daphne, apart from the HTTP server (uvicorn).
+    url = f"ws://127.0.0.1:{stack.ws_port}/ws/board/{launch_id}/"
     headers = {"Cookie": f"sessionid={cookie}", "Origin": stack.url}
     async with websockets.connect(url, additional_headers=headers, max_size=None) as socket:
         snapshot_seq = -1
@@ -182,7 +183,7 @@ def main() -> int:
     os.chmod(work, 0o755)
     os.environ["FORKYARD_TEST_BACKEND"] = args.backend
     stack = Stack(work / "stack", backend=args.backend, timing=PRODUCTION_TIMING)
-    report: dict[str, Any] = {"machine": machine(), "backend": args.backend, "count": args.count}
+    report: dict[str, Any] = conditions(backend=args.backend, count=args.count)
     try:
         stack.start()
         stack.set_limits(stack.teams[0], requests_per_second=100000, max_sandboxes=100000, max_launch_count=100000)
@@ -242,6 +243,7 @@ def main() -> int:
     finally:
         stack.stop()
         shutil.rmtree(work, ignore_errors=True)
+    conclude(report)
     print(json.dumps(report, indent=2, default=str))
     kind = f"simulated{args.simulate}-" if args.simulate else ""
     write_report(f"board-{args.backend}-{kind}{args.count}-latest.json", report)

@@ -5,11 +5,11 @@
 Starts the product the way the tests do, gives a team a finished launch of
 --rows sandboxes (most running, some failed or destroyed, labelled by shard)
 with a billed period each over the last day, signs in through the login form
-as that team's owner, and times every console page through Daphne, as a
+as that team's owner, and times every console page through the HTTP server (uvicorn), as a
 browser would load it: overview, the sandbox list (first page, next page,
 filtered by state and by label), a sandbox, launches, a launch, usage (plotly
 charts), the board, keys and policies. Reports p50/p95 of 20 loads each and
-the page's size; writes bench/results/console-<backend>-latest.json.
+the page's size; writes bench/results/console-<backend>-<rows>-latest.json.
 
 The pages page and aggregate in the database, so their time should not grow
 with the team: the same run with --rows 1000 is the comparison.
@@ -32,7 +32,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.engine_bench import machine, summary, write_report  # noqa: E402
+from bench.engine_bench import conclude, conditions, summary, write_report  # noqa: E402
 from tests.support.stack import PRODUCTION_TIMING, Stack, Team  # noqa: E402
 
 LOADS = 20
@@ -122,12 +122,7 @@ def main() -> int:
     work = Path(tempfile.mkdtemp(prefix="fy-consolebench-", dir="/tmp"))
     os.chmod(work, 0o755)
     stack = Stack(work / "stack", backend=args.backend, timing=PRODUCTION_TIMING)
-    report: dict[str, Any] = {
-        "machine": machine(),
-        "backend": args.backend,
-        "rows": args.rows,
-        "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-    }
+    report: dict[str, Any] = conditions(backend=args.backend, rows=args.rows)
     try:
         stack.start()
         team = stack.new_team("Console bench")
@@ -163,6 +158,7 @@ def main() -> int:
     finally:
         stack.stop()
         shutil.rmtree(work, ignore_errors=True)
+    conclude(report)
     slowest = max(page["p95"] for page in report["pages"].values())
     report["goal_p95_under_ms"] = GOAL_P95_MS
     report["goal_met"] = slowest < GOAL_P95_MS
