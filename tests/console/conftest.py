@@ -85,8 +85,12 @@ def owner_client(world: World) -> Client:
 
 @pytest.fixture
 def host(db: Any) -> Host:
-    # No engine listens here: commands sent to it fail as "host unavailable".
-    return Host.objects.create(name="test-host", queue="host.test", engine_socket="/nonexistent/engine.sock", region="local")
+    # No engine listens here: commands sent to it fail as "host unavailable". Its capacity is what its agent
+    # would have registered, so that admission takes what fits.
+    return Host.objects.create(
+        name="test-host", queue="host.test", engine_socket="/nonexistent/engine.sock", region="local",
+        max_sandboxes=1000, cpus=2, memory_mib=8192,
+    )
 
 
 SandboxFactory = Callable[..., Sandbox]

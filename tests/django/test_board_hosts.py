@@ -98,7 +98,10 @@ def test_a_viewer_gets_the_shares_only_once_it_asks(spread: tuple[Launch, User])
         other = json.dumps({"type": "hosts", "launch": "launch_other", "hosts": []})
         for message in (other, text):
             await layer.group_send(board.group_name(launch.team_id), {"type": "board.hosts", "text": message})
-        assert await next_text(asking) == text, "another launch's shares are not its"
+        sent = await next_text(asking)
+        while sent is not None and json.loads(sent) == json.loads(first):
+            sent = await next_text(asking)  # the running ticker's own report of the real shares may come first
+        assert sent == text, "another launch's shares are not its"
         assert await next_text(silent, within=1) is None, "a viewer that did not ask gets no text"
         await asking.disconnect()
         await silent.disconnect()

@@ -78,9 +78,11 @@ def test_the_sdk_wheel_installs_alone_and_carries_nothing_of_the_server(tmp_path
     check = (
         "import importlib.metadata as m, importlib.util as u, sys, forkyard, forkyard.cli, forkyard.aio;"
         "needs = m.requires('forkyard');"
-        # httpx alone; websockets only with the 'forward' extra (forkyard ports forward).
+        # httpx alone; websockets only with the 'forward' extra (forkyard ports forward), openai only with the
+        # 'openai' extra (fy.inference).
         "assert [r for r in needs if 'extra ==' not in r] == ['httpx>=0.27'], needs;"
-        "assert [r for r in needs if 'extra ==' in r] == ['websockets>=13; extra == \"forward\"'], needs;"
+        "assert sorted(r for r in needs if 'extra ==' in r) =="
+        " ['openai>=1.60; extra == \"openai\"', 'websockets>=13; extra == \"forward\"'], needs;"
         "assert m.version('forkyard') == forkyard.__version__;"
         "assert all(u.find_spec(name) is None for name in ('django', 'celery', 'console', 'sandboxes', 'billing'));"
         "print(forkyard.__file__)"
