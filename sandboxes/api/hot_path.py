@@ -34,11 +34,10 @@ which sends the request to the view.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import time
-from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal, NamedTuple
 
@@ -53,9 +52,8 @@ from console.ratelimit import Verdict
 from sandboxes.engine import errors as engine_errors
 
 from .. import engine_link, selectors
-from ..engine.data_path import ExecIn, FileWritten, exec_answer, exec_args
+from ..engine.data_path import CallerGone, ExecIn, FileWritten, Receive, exec_answer, exec_args, until_disconnect
 
-Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 
 EXEC = re.compile(r"^/api/v1/sandboxes/(?P<sandbox>[^/]+)/exec/?$")
@@ -145,33 +143,6 @@ class CutOff(RuntimeError):
     """A file's bytes stopped coming after its answer began: the connection is dropped, not the answer finished."""
 
 
-class _Gone(Exception):
-    """The caller left before the answer."""
-
-
-async def _unless_gone(receive: Receive, work: Coroutine[Any, Any, Any]) -> Any:
-    """``work``'s result; cancelled, and ``_Gone`` raised, if the caller disconnects first."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):  # noqa: BLE001  # its end no longer matters to anyone
-        pass
-    raise _Gone()
-
-
 async def _engine_call(address: str, op: str, args: dict[str, Any], body: bytes | None = None) -> Any:
     async with engine_link.async_pool(address).client() as client:
         return await client.call(op, body, **args)
@@ -234,14 +205,14 @@ async def answer(call: Call, scope: Mapping[str, Any], body: bytes, receive: Rec
     args = {"id": engine_id, **call.args}
     try:
         if payload is not None:
-            result = await _unless_gone(receive, _engine_call(address, "exec", {**args, **exec_args(payload)}))
+            result = await until_disconnect(receive, _engine_call(address, "exec", {**args, **exec_args(payload)}))
             await _send(send, scope, 200, exec_answer(result, payload), verdict)
         elif call.kind == "write":
             result = await _engine_call(address, "files.write", args, body)
             await _send(send, scope, 200, FileWritten.model_validate(result).model_dump(), verdict)
         else:
             await _stream_file(send, scope, verdict, address, args)
-    except _Gone:
+    except CallerGone:
         pass  # nobody to answer; the command ended with its caller, as through the view
     except engine_errors.EngineError as error:
         if isinstance(error, (engine_errors.SandboxNotFound, engine_errors.SandboxNotRunning)):

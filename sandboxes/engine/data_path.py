@@ -24,9 +24,10 @@ What is here, in the order a request meets it:
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import dataclasses
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
 from typing import Annotated, Any, Literal, get_args, get_origin
 
 from pydantic import (
@@ -360,3 +361,35 @@ def public_refusal(error: EngineError, engine_id: str | None = None, public_id: 
     where = error.details.get("field") or (error.details.get("path") and "path")
     details = {key: value for key, value in error.details.items() if key in PUBLIC_DETAILS}
     return Refusal(status, error.code, message, field=where, details=details)
+
+
+# The caller's side of a call, for both doors (the API's hot path and the host's gateway), ASGI-shaped.
+Receive = Callable[[], Awaitable[Mapping[str, Any]]]
+
+
+class CallerGone(Exception):
+    """The caller left before its answer."""
+
+
+async def until_disconnect(receive: Receive, work: Coroutine[Any, Any, Any]) -> Any:
+    """``work``'s result; cancelled, and ``CallerGone`` raised, if the caller disconnects first (an exec's
+    command ends with its caller)."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if task.done():
+        return task.result()
+    task.cancel()
+    try:
+        await task
+    except (asyncio.CancelledError, Exception):  # noqa: BLE001  # its end no longer matters to anyone
+        pass
+    raise CallerGone()

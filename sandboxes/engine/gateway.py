@@ -52,7 +52,7 @@ import re
 import socket
 import time
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,17 +63,20 @@ from pydantic import ValidationError
 
 from . import data_tokens
 from .data_path import (
+    CallerGone,
     ExecIn,
     ExecOut,
     FileReadQuery,
     FileWriteQuery,
     FileWritten,
+    Receive,
     Refusal,
     bad_text,
     exec_args,
     invalid_body,
     public_refusal,
     unknown_parameter,
+    until_disconnect,
 )
 from .errors import EngineError, InvalidRequest
 
@@ -82,7 +85,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("forkyard.engine.gateway")
 
-Receive = Callable[[], Awaitable[Mapping[str, Any]]]
 Send = Callable[[Mapping[str, Any]], Awaitable[None]]
 
 MIB = 1024 * 1024
@@ -217,34 +219,6 @@ class _Collected:
             output.close()
 
 
-class _Gone(Exception):
-    """The caller left before its answer."""
-
-
-async def until_disconnect(receive: Receive, work: Coroutine[Any, Any, Any]) -> Any:
-    """``work``'s result; cancelled, and ``_Gone`` raised, if the caller disconnects first (an exec's command
-    ends with its caller)."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while (await receive())["type"] != "http.disconnect":
-            pass
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait((task, watcher), return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if task.done():
-        return task.result()
-    task.cancel()
-    try:
-        await task
-    except (asyncio.CancelledError, Exception):  # noqa: BLE001  # its end no longer matters to anyone
-        pass
-    raise _Gone()
-
-
 def _header(scope: Mapping[str, Any], name: bytes) -> str | None:
     for key, value in scope.get("headers", ()):
         if key == name:
@@ -362,7 +336,7 @@ class Gateway:
                 await self._read(scope, send, headers, grant)
             else:
                 await self._write(scope, receive, send, headers, grant)
-        except _Gone:
+        except CallerGone:
             pass  # nobody to answer; an exec's command ended with its caller
         except _Answer as answer:
             await self._refuse(send, headers, answer.refusal)
@@ -499,7 +473,7 @@ async def _bounded_body(scope: Mapping[str, Any], receive: Receive, limit: int) 
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
-            raise _Gone()
+            raise CallerGone()
         body.write(message.get("body", b""))
         if body.tell() > limit:
             raise _Answer(_too_large(limit))
