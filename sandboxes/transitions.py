@@ -102,6 +102,18 @@ def _move(
         if not only_from <= allowed:
             raise AssertionError(f"{sorted(only_from - allowed)} -> {target} is not a move of the state machine")
         allowed = frozenset(only_from)
+    if sum(1 for alias in rows.query.alias_map if rows.query.alias_refcount[alias]) > 1:
+        # A filter through another table (a launch's state, say) makes Django's UPDATE "WHERE pk IN (a
+        # subquery)". PostgreSQL rechecks a row that a concurrent transaction changed against that
+        # subquery's old snapshot, not against the row's new state: a sandbox a teardown had just destroyed
+        # would be moved on regardless. So pick the rows first, then move them with the state test on the
+        # rows themselves, which the recheck does see.
+        picked = list(rows.filter(state__in=allowed).values_list("pk", flat=True))
+        model = rows.model._default_manager
+        return sum(
+            model.filter(pk__in=picked[start : start + 2000], state__in=allowed).update(state=target, **fields)
+            for start in range(0, len(picked), 2000)
+        )
     return rows.filter(state__in=allowed).update(state=target, **fields)
 
 

@@ -8,11 +8,14 @@ a move the state machine does not name.
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
 import pytest
+from django.db import connection, connections, transaction
 from django.utils import timezone
 
 from billing.models import UsagePeriod
@@ -181,6 +184,46 @@ def test_queued_members_of_a_launch_that_stopped_are_never_claimed(cluster: Any,
     member = make_row(S.QUEUED, host=host, launch=launch, launch_index=0)
     assert transitions.sandboxes_claimed([member.pk], host) == 0
     assert Sandbox.objects.get(pk=member.pk).state == S.QUEUED
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_waiting_on_a_teardowns_lock_does_not_revive_the_members_it_destroyed(
+    cluster: Any, make_row: Any, make_launch_row: Any
+) -> None:
+    """Seen on PostgreSQL: a worker's claim (queued -> creating, filtered by its launch's state, so
+    through a join) blocked on the rows a teardown was destroying, then moved them anyway once the
+    teardown committed: the database rechecked them against the claim's old snapshot. The launch said
+    stopped while its members sat in creating."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a row recheck of PostgreSQL's: SQLite lets one writer in at a time")
+    host = cluster.add_host("h1")
+    launch = make_launch_row(count=1)
+    member = make_row(S.QUEUED, host=host, launch=launch, launch_index=0)
+    claimed: list[int] = []
+
+    def claim() -> None:
+        try:
+            claimed.append(transitions.sandboxes_claimed([member.pk], host))
+        finally:
+            connections.close_all()
+
+    worker = threading.Thread(target=claim)
+    with transaction.atomic():
+        transitions.launch_teardown_requested(launch)  # the member destroyed, its row locked until the commit
+        worker.start()
+        deadline = time.monotonic() + 30
+        with connection.cursor() as cursor:
+            while True:  # until the claim waits on that lock: the race, not a claim that came after
+                cursor.execute("SELECT pg_stat_clear_snapshot()")  # the view is otherwise read once a transaction
+                cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND pid <> pg_backend_pid()")
+                if cursor.fetchone()[0]:
+                    break
+                assert worker.is_alive() and time.monotonic() < deadline, "the claim never waited on the teardown"
+                time.sleep(0.01)
+    worker.join(30)
+    assert claimed == [0]
+    assert Sandbox.objects.get(pk=member.pk).state == S.DESTROYED
+    assert Launch.objects.get(pk=launch.pk).state == L.STOPPED
 
 
 # --- launches ----------------------------------------------------------------------------------
