@@ -208,6 +208,9 @@ class Stack:
             "-c",
             f"from console.models import TeamLimits; TeamLimits.objects.filter(team_id={team.team_id!r}).update({assignments})",
         )
+        # A web server trusts a key it checked, with its team's limits, for console.keys.RECENT_S (5 s), and
+        # this change came from another process: wait that out, or the next request may see the old limits.
+        time.sleep(5.0)
 
     def shell(self, code: str) -> str:
         return self.manage("shell", "-c", code)
