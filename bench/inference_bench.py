@@ -65,9 +65,13 @@ def time_to_ready(stack: Stack, samples: int) -> dict[str, Any]:
 
 def server_of(stack: Stack, endpoint_id: str) -> tuple[str, str]:
     """The model server's address and token, as the gateway reads them (the operator's view)."""
-    line = stack.shell(
-        f"from grading.models import Endpoint; e = Endpoint.objects.get(pk={endpoint_id!r}); print(e.address, e.token)"
-    ).strip().splitlines()[-1]
+    line = (
+        stack.shell(
+            f"from grading.models import Endpoint; e = Endpoint.objects.get(pk={endpoint_id!r}); print(e.address, e.token)"
+        )
+        .strip()
+        .splitlines()[-1]
+    )
     address, token = line.split()
     return address, token
 
@@ -138,7 +142,9 @@ def grades_per_second(stack: Stack, endpoint: dict[str, Any], count: int) -> dic
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--backend", choices=("embedded", "postgres"), default=os.environ.get("FORKYARD_TEST_BACKEND", "embedded"))
+    parser.add_argument(
+        "--backend", choices=("embedded", "postgres"), default=os.environ.get("FORKYARD_TEST_BACKEND", "embedded")
+    )
     parser.add_argument("--quick", action="store_true")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -167,14 +173,18 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     conclude(report)
     report["goals"] = GOALS
-    report["goals_met"] = {"gateway_overhead_p50_under_2ms": report["overhead"]["overhead_p50_ms"] < GOALS["gateway_overhead_p50_ms"]}
+    report["goals_met"] = {
+        "gateway_overhead_p50_under_2ms": report["overhead"]["overhead_p50_ms"] < GOALS["gateway_overhead_p50_ms"]
+    }
     over, grades, ready = report["overhead"], report["grades"], report["time_to_ready"]
     print(f"time to ready: p50 {ready['ms']['p50']} ms over {ready['samples']}")
     print(
         f"one-token completion: direct p50 {over['direct_ms']['p50']} ms, through the gateway p50 {over['gateway_ms']['p50']} ms: "
         f"overhead {over['overhead_p50_ms']} ms (pairs p50 {over['overhead_of_pairs_ms']['p50']} ms)"
     )
-    print(f"grades: {grades['items']} in {grades['seconds']} s = {grades['grades_per_second']}/s ({grades['tokens_per_second']} tokens/s)")
+    print(
+        f"grades: {grades['items']} in {grades['seconds']} s = {grades['grades_per_second']}/s ({grades['tokens_per_second']} tokens/s)"
+    )
     print("goals: " + ", ".join(f"{name} {'met' if met else 'NOT met'}" for name, met in report["goals_met"].items()))
     write_report(f"inference-{args.backend}{'-quick' if args.quick else ''}-latest.json", report)
     return 0

@@ -396,6 +396,7 @@ def console() -> str:
         ]
     )
 
+
 def inference() -> str:
     parts = []
     for backend in ("embedded", "postgres"):
@@ -408,11 +409,36 @@ def inference() -> str:
             table(
                 ["measure", "p50", "p95", "n"],
                 [
-                    ["one-token completion, direct to the model server (ms)", number(over["direct_ms"]["p50"], 2), number(over["direct_ms"]["p95"], 2), over["samples"]],
-                    ["the same through the gateway (ms)", number(over["gateway_ms"]["p50"], 2), number(over["gateway_ms"]["p95"], 2), over["samples"]],
-                    ["gateway overhead, each pair (ms)", number(over["overhead_of_pairs_ms"]["p50"], 2), number(over["overhead_of_pairs_ms"]["p95"], 2), over["samples"]],
-                    ["dedicated endpoint, create to ready (ms)", number(ready["ms"]["p50"], 0), number(ready["ms"]["p95"], 0), ready["samples"]],
-                    ["a grade's item, its latency in a batch (ms)", number(grades["item_latency_ms"]["p50"], 1), number(grades["item_latency_ms"]["p95"], 1), grades["items"]],
+                    [
+                        "one-token completion, direct to the model server (ms)",
+                        number(over["direct_ms"]["p50"], 2),
+                        number(over["direct_ms"]["p95"], 2),
+                        over["samples"],
+                    ],
+                    [
+                        "the same through the gateway (ms)",
+                        number(over["gateway_ms"]["p50"], 2),
+                        number(over["gateway_ms"]["p95"], 2),
+                        over["samples"],
+                    ],
+                    [
+                        "gateway overhead, each pair (ms)",
+                        number(over["overhead_of_pairs_ms"]["p50"], 2),
+                        number(over["overhead_of_pairs_ms"]["p95"], 2),
+                        over["samples"],
+                    ],
+                    [
+                        "dedicated endpoint, create to ready (ms)",
+                        number(ready["ms"]["p50"], 0),
+                        number(ready["ms"]["p95"], 0),
+                        ready["samples"],
+                    ],
+                    [
+                        "a grade's item, its latency in a batch (ms)",
+                        number(grades["item_latency_ms"]["p50"], 1),
+                        number(grades["item_latency_ms"]["p95"], 1),
+                        grades["items"],
+                    ],
                 ],
             )
         )
@@ -423,7 +449,6 @@ def inference() -> str:
         )
         parts.append(goals(report["goals_met"]))
     return "\n\n".join(parts) or "(no run yet: bench/inference_bench.py)"
-
 
 
 def hosts() -> str:
@@ -469,6 +494,8 @@ def hosts() -> str:
         "failed",
     ]
     return "\n\n".join([*(provenance(report, name) for name, report in present), table(header, body)])
+
+
 def network() -> str:
     report = load("network")
     if report is None:
@@ -525,11 +552,11 @@ def network() -> str:
     )
 
 
-def scale() -> str:
-    report = load("scale")
+def scale(name: str = "scale") -> str:
+    report = load(name)
     if report is None:
-        return "(no scale results)"
-    parts = [provenance(report, "scale")]
+        return f"(no {name} results)"
+    parts = [provenance(report, name)]
     for mode, title in (
         ("own", "a memory cgroup each (the default)"),
         ("grouped", f"memory groups of {report.get('group_size')}"),
@@ -596,6 +623,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "hosts": hosts,
     "network": network,
     "scale": scale,
+    "scale-grouped": lambda: scale("scale-grouped"),
     "inference": inference,
 }
 

@@ -28,7 +28,7 @@ sandbox between the modes is the term's share.
 A count the host cannot hold stops that mode's curve: the step that failed
 (a create refused, the kernel's memory near the host's) is reported, with
 the counts before it. Needs ``kernel.pid_max`` above the largest count.
-Writes bench/results/scale-latest.json.
+Writes bench/results/scale-latest.json (``--modes grouped``: scale-grouped-latest.json).
 """
 
 from __future__ import annotations
@@ -211,7 +211,9 @@ def main() -> int:
                     {"alive": own["alive"], "own_kib": mine, "grouped_kib": theirs, "square_term_kib": round(mine - theirs, 1)}
                 )
         report["square_term"] = shares
-    write_report(f"scale{'-quick' if args.quick else ''}-latest.json", report)
+    # A run of some modes only is kept beside the full one (scale-grouped-latest.json, say), not over it.
+    modes = "" if args.modes == "own,grouped" else "-" + args.modes.replace(",", "-")
+    write_report(f"scale{modes}{'-quick' if args.quick else ''}-latest.json", report)
     return 0
 
 
