@@ -27,7 +27,8 @@ import pytest
 from bench.leak_bench import HOST_WIDE, census, grown, settle
 from tests.support.stack import Stack, launch_members, running_stack, wait_for_launch
 
-pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.scale]
+# The launch alone takes minutes here: far past the suite's 300 s per test.
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.scale, pytest.mark.timeout(3600)]
 COUNT = int(os.environ.get("FORKYARD_SCALE_COUNT", "32752"))
 
 
