@@ -210,6 +210,19 @@ def _check_state(state: str | None, states: list[str]) -> None:
         raise invalid(f"state must be one of {', '.join(states)}", field="state")
 
 
+def _narrowed(
+    rows: QuerySet[Labelled], states: list[str], state: str | None, label: str | None, labels: Mapping[str, str] | None
+) -> QuerySet[Labelled]:
+    """A list's common filters: a key's label limit (``labels``), one state (checked), one label."""
+    _check_state(state, states)
+    rows = within(rows, labels)
+    if state:
+        rows = rows.filter(state=state)
+    if label:
+        rows = with_label(rows, label)
+    return rows
+
+
 def sandboxes_page(
     team: Team,
     *,
@@ -224,14 +237,9 @@ def sandboxes_page(
 ) -> Page[Sandbox]:
     """Newest first; ``labels``: only those carrying them all; ``live_only``: not the ended ones;
     ``search``: those whose id starts with it."""
-    _check_state(state, Sandbox.State.values)
-    rows = within(Sandbox.objects.select_related("host").filter(team=team), labels)
-    if state:
-        rows = rows.filter(state=state)
-    elif live_only:
+    rows = _narrowed(Sandbox.objects.select_related("host").filter(team=team), Sandbox.State.values, state, label, labels)
+    if live_only and not state:
         rows = rows.filter(state__in=Sandbox.LIVE)
-    if label:
-        rows = with_label(rows, label)
     if search:
         rows = rows.filter(pk__startswith=search)
     return keyset_page(rows, cursor=cursor, limit=limit, strict=strict)
@@ -303,12 +311,8 @@ def snapshots_page(
     labels: Mapping[str, str] | None = None,
 ) -> Page[Snapshot]:
     """Newest first; deleted snapshots are not listed."""
-    _check_state(state, Snapshot.State.values)
-    rows = within(Snapshot.objects.select_related("host").filter(team=team), labels).exclude(state=Snapshot.State.DELETED)
-    if state:
-        rows = rows.filter(state=state)
-    if label:
-        rows = with_label(rows, label)
+    rows = Snapshot.objects.select_related("host").filter(team=team).exclude(state=Snapshot.State.DELETED)
+    rows = _narrowed(rows, Snapshot.State.values, state, label, labels)
     return keyset_page(with_forks_alive(rows), cursor=cursor, limit=limit, strict=strict)
 
 
