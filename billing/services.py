@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 
+from console.db import update_each
 from sandboxes.engine.sizes import DEFAULT_SIZES
 
 from .models import MeteredUsage, Price, UsagePeriod
@@ -150,7 +151,9 @@ def close_periods(ended: dict[str, datetime]) -> int:
     for period in periods:
         assert period.sandbox_id is not None
         _ended(period, ended[period.sandbox_id])
-    UsagePeriod.objects.bulk_update(periods, CLOSED_FIELDS)
+    update_each(
+        UsagePeriod, CLOSED_FIELDS, [(period.pk, [getattr(period, name) for name in CLOSED_FIELDS]) for period in periods]
+    )
     return len(periods)
 
 
@@ -247,7 +250,14 @@ def token_amount(quantity: int, unit_price: Decimal) -> Decimal:
 
 
 def _metered(
-    *, team_id: str, api_key_id: str | None, kind: str, item: str, quantity: int, unit_price: Decimal, at: datetime,
+    *,
+    team_id: str,
+    api_key_id: str | None,
+    kind: str,
+    item: str,
+    quantity: int,
+    unit_price: Decimal,
+    at: datetime,
     labels: dict[str, str] | None = None,
 ) -> MeteredUsage:
     if kind not in COUNTED_KINDS:
@@ -279,8 +289,14 @@ def usage_metered(
     """Counted usage, one statement line kind: ``quantity`` tokens of ``kind`` (``Price.Kind.INPUT_TOKENS`` or
     ``OUTPUT_TOKENS``) of model ``item``, priced from the rate card now (``model_price``), rounded once."""
     row = _metered(
-        team_id=team_id, api_key_id=api_key_id, kind=kind, item=item, quantity=quantity,
-        unit_price=model_price(kind, item), at=at, labels=labels,
+        team_id=team_id,
+        api_key_id=api_key_id,
+        kind=kind,
+        item=item,
+        quantity=quantity,
+        unit_price=model_price(kind, item),
+        at=at,
+        labels=labels,
     )
     row.save(force_insert=True)
     return row
@@ -309,7 +325,9 @@ def tokens_metered(
             prices[(kind, model)] = model_price(kind, model)
         unit_price = prices[(kind, model)] if billed else Decimal(0)
         rows.append(
-            _metered(team_id=team_id, api_key_id=api_key_id, kind=kind, item=model, quantity=quantity, unit_price=unit_price, at=at)
+            _metered(
+                team_id=team_id, api_key_id=api_key_id, kind=kind, item=model, quantity=quantity, unit_price=unit_price, at=at
+            )
         )
     return rows
 

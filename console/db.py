@@ -17,12 +17,13 @@ from __future__ import annotations
 
 import functools
 import threading
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar
 
 from asgiref.sync import sync_to_async
-from django.db import connection, connections
+from django.db import connection, connections, models
+from django.db.models import Model
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -66,3 +67,30 @@ def one_writer() -> Iterator[None]:
         return
     with _sqlite_writer:
         yield
+
+
+def update_each(model: type[Model], fields: Sequence[str], rows: Sequence[tuple[Any, Sequence[Any]]]) -> None:
+    """Many rows updated, each with its own values of ``fields``: ``rows`` are (primary key, values).
+
+    One parametrised UPDATE run for every row (the driver's executemany: a
+    loop in C on SQLite, a pipeline on PostgreSQL), in place of
+    ``bulk_update``'s one statement with a CASE per field, whose building in
+    Python cost a worker more than the rest of a launch's record (see
+    docs/benchmarks.md). Values go through each field's own conversion, as
+    the ORM's would; the caller holds the rows (locked, or SQLite's one
+    writer) and knows they may move."""
+    if not rows:
+        return
+    meta = model._meta
+    columns = [field for field in (meta.get_field(name) for name in fields) if isinstance(field, models.Field)]
+    if len(columns) != len(fields) or meta.pk is None:
+        raise ValueError(f"not columns of {meta.label}: {fields}")
+    quote = connection.ops.quote_name
+    sets = ", ".join(f"{quote(str(field.column))} = %s" for field in columns)
+    statement = f"UPDATE {quote(meta.db_table)} SET {sets} WHERE {quote(str(meta.pk.column))} = %s"
+    params = [
+        [field.get_db_prep_save(value, connection) for field, value in zip(columns, values, strict=True)] + [pk]
+        for pk, values in rows
+    ]
+    with connection.cursor() as cursor:
+        cursor.executemany(statement, params)

@@ -46,7 +46,7 @@ from django.utils import timezone
 
 from billing.models import UsagePeriod
 from billing.services import close_periods, gib_of, open_periods, open_running_periods, saved_state_transition, usage_transition
-from console.db import one_writer
+from console.db import one_writer, update_each
 
 from . import notify
 from .models import ExposedPort, Host, Launch, Lease, Sandbox, Snapshot
@@ -204,7 +204,11 @@ def sandboxes_started(started: Sequence[tuple[Sandbox, dict[str, Any]]]) -> Star
                         engine_id=record["id"], updated_at=now
                     )
                 outcome.to_destroy.append((sandbox, record["id"]))
-        Sandbox.objects.bulk_update(moving, ["state", "engine_id", "env", "ready_at", "expires_at", "updated_at"], batch_size=500)
+        update_each(
+            Sandbox,
+            ["state", "engine_id", "env", "ready_at", "expires_at", "updated_at"],
+            [(row.pk, (row.state, row.engine_id, row.env, row.ready_at, row.expires_at, row.updated_at)) for row in moving],
+        )
         open_running_periods(moving, ready)
         outcome.running = {sandbox.pk for sandbox in moving}
         _wake(sorted(outcome.running))
@@ -256,14 +260,19 @@ def sandboxes_destroyed(ended: Sequence[tuple[Sandbox, datetime | None]]) -> set
         return set()
     with one_writer(), transaction.atomic():
         now = timezone.now()
+        allowed = sources(SANDBOX_MOVES, S.DESTROYED)
+        wanted = {sandbox.pk: at or now for sandbox, at in ended}
         moved: dict[str, datetime] = {}
-        for sandbox, at in sorted(ended, key=lambda pair: pair[0].pk):  # rows locked in key order
-            at = at or now
-            rows = Sandbox.objects.filter(pk=sandbox.pk)
-            if _move(
-                rows, SANDBOX_MOVES, S.DESTROYED, None, ended_at=at, updated_at=now, env={}, error_code="", error_message=""
-            ):
-                moved[sandbox.pk] = at
+        for start in range(0, len(wanted), 500):
+            # Locked in key order; those in a state that may become destroyed move, in one statement run for each.
+            part = sorted(wanted)[start : start + 500]
+            states = Sandbox.objects.select_for_update().filter(pk__in=part).order_by("pk").values_list("pk", "state")
+            moved.update({pk: wanted[pk] for pk, state in states if state in allowed})
+        update_each(
+            Sandbox,
+            ["state", "ended_at", "updated_at", "env", "error_code", "error_message"],
+            [(pk, (S.DESTROYED, at, now, {}, "", "")) for pk, at in moved.items()],
+        )
         close_periods(moved)
         ExposedPort.objects.filter(sandbox_id__in=list(moved)).delete()  # their ports close with them
         _wake(sorted(moved))
