@@ -168,6 +168,7 @@ ROUTES: list[tuple[str, str, Action]] = [
     ("GET", "/launches/{launch_id}", Action.SEE_LAUNCHES),
     ("DELETE", "/launches/{launch_id}", Action.RUN_LAUNCHES),
     ("GET", "/launches/{launch_id}/sandboxes", Action.SEE_LAUNCHES),
+    ("GET", "/launches/{launch_id}/arrivals", Action.SEE_LAUNCHES),
     ("GET", "/launches/{launch_id}/hosts", Action.SEE_LAUNCHES),
     ("GET", "/launches/{launch_id}/metrics", Action.SEE_LAUNCHES),
     # snapshots and templates

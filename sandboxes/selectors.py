@@ -287,12 +287,26 @@ def launch_members_page(
     """A launch's sandboxes in launch order; or, ``ready_since`` a time, those ready since then, in the
     order they became ready (what a caller waiting for a launch has not seen yet)."""
     _check_state(state, Sandbox.State.values)
-    rows = Sandbox.objects.select_related("host").filter(launch=launch)
+    rows = Sandbox.objects.select_related("host").defer("env").filter(launch=launch)  # env: sealed, and never shown
     if state:
         rows = rows.filter(state=state)
     if ready_since is None:
         return keyset_page(rows, cursor=cursor, limit=limit, order=LAUNCH_ORDER, strict=strict)
     return keyset_page(rows.filter(ready_at__gte=ready_since), cursor=cursor, limit=limit, order=READY_ORDER, strict=strict)
+
+
+def launch_members_ready(launch: Launch, since: datetime | None) -> list[tuple[str, datetime]]:
+    """Ids and ready times of a launch's started members ready since ``since`` (all of them without it),
+    in the order they became ready: what a caller following the launch has to look at, and no more."""
+    rows = Sandbox.objects.filter(launch=launch, state__in=Sandbox.STARTED, ready_at__isnull=False)
+    if since is not None:
+        rows = rows.filter(ready_at__gte=since)
+    return [(pk, ready_at) for pk, ready_at in rows.order_by(*READY_ORDER).values_list("pk", "ready_at") if ready_at]
+
+
+def launch_member_ids(launch: Launch) -> list[str]:
+    """Every member's id, in launch order."""
+    return list(Sandbox.objects.filter(launch=launch).order_by(*LAUNCH_ORDER).values_list("pk", flat=True))
 
 
 def with_forks_alive(rows: QuerySet[Snapshot]) -> QuerySet[Snapshot]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.http import HttpRequest
+from django.http import HttpRequest, StreamingHttpResponse
 from ninja import Router
 from ninja.params.functions import Query
 
@@ -19,6 +19,7 @@ from ..schemas import LaunchCreate, LaunchHosts, LaunchList, LaunchOut, SandboxL
 from ..services import launches as services
 from ..worker import take_down
 from .answers import access_of, launch_out, page_out, sandbox_out
+from .arrivals import arrivals
 
 router = Router(tags=["launches"])
 
@@ -85,6 +86,17 @@ async def launch_sandboxes(
     page = await db(selectors.launch_members_page)(launch, state=state, ready_since=ready_since, cursor=cursor, limit=limit)
     access = access_of(request)
     return page_out("sandboxes", page, lambda row: sandbox_out(row, access))
+
+
+@router.get("/launches/{launch_id}/arrivals", response={200: None, **ERRORS}, summary="A launch's sandboxes as they become ready")
+async def launch_arrivals(request: HttpRequest, launch_id: str) -> StreamingHttpResponse:
+    """Newline-delimited JSON, each member once, pushed as it becomes ready: `{"type": "sandbox",
+    "sandbox": {...}}` (as `GET /sandboxes/{id}` shows it); `{"type": "progress", "launch": {...}}`
+    whenever the progress moved (and every 2 s at least); once none is queued or creating, the members
+    not sent yet (failed, ended), in launch order; then `{"type": "end", "launch": {...}}`. What the
+    SDK's `launch.wait()` reads; a caller cut off asks again and skips the ids it has."""
+    launch = await db(selectors.launch_for)(key_of(request).team, launch_id)
+    return StreamingHttpResponse(arrivals(launch, access_of(request)), content_type="application/x-ndjson")
 
 
 @router.delete("/launches/{launch_id}", response={200: LaunchOut, **ERRORS}, summary="Tear a launch down")

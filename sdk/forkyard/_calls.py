@@ -490,6 +490,10 @@ def launch_sandboxes(
     return Call("GET", f"/launches/{_segment(launch_id)}/sandboxes", params=params)
 
 
+def launch_arrivals(launch_id: str) -> Call:
+    return Call("GET", f"/launches/{_segment(launch_id)}/arrivals")
+
+
 def destroy_launch(launch_id: str) -> Call:
     return Call("DELETE", f"/launches/{_segment(launch_id)}")
 

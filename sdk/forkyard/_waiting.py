@@ -2,20 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator, Mapping
-from datetime import datetime, timedelta
 from typing import Any
 
 from . import _calls as calls
-from ._http import Call
 from .errors import SnapshotFailed, Unavailable, WaitTimeout
-from .models import LaunchFields, SandboxFields, SnapshotFields, parse_time
-
-# How far back each look for newly ready sandboxes reaches before the latest one seen: a row is
-# written a little after its sandbox is ready (in batches), so a later look may find an earlier one.
-LATE_WRITES = timedelta(seconds=2)
-PAGE = 1000
+from .models import SandboxFields, SnapshotFields
 
 
 class Deadline:
@@ -29,6 +23,10 @@ class Deadline:
     def left(self) -> float:
         """Seconds left (never below 0); a deadline of None has all the time there is."""
         return float("inf") if self.end is None else max(0.0, self.end - time.monotonic())
+
+    def check(self) -> None:
+        """Raises ``WaitTimeout`` once the time is up."""
+        self.next_poll(0.0)
 
     def next_poll(self, poll_s: float) -> float:
         """How long to sleep before the next poll; raises ``WaitTimeout`` once the time is up."""
@@ -65,43 +63,42 @@ def raise_if_snapshot_failed(snapshot: SnapshotFields) -> None:
     raise SnapshotFailed(code, message, details={"snapshot": snapshot.id})
 
 
+# How long launch.wait() keeps asking again for a stream that was answering before it was cut off.
+RECONNECT_S = 60.0
+
+
 class Arrivals:
-    """What ``launch.wait()`` has handed out: each member once, running ones as they become ready.
+    """What ``launch.wait()`` has handed out, read from the launch's arrivals stream
+    (``GET /launches/{id}/arrivals``: the web server pushes each member as it becomes ready, the
+    failed and ended ones last). A stream cut off is asked for again: it starts over, and the
+    members handed out already are skipped."""
 
-    Each poll that finds more members settled asks only for those ready
-    since the latest one seen (less ``LATE_WRITES``), in the order they
-    became ready; whatever that missed, and the members that failed or
-    ended, come at the end, in launch order, when the launch has settled.
-    """
-
-    def __init__(self, launch: LaunchFields) -> None:
-        self.launch_id = launch.id
+    def __init__(self, launch_id: str) -> None:
+        self.call = calls.launch_arrivals(launch_id)
         self.seen: set[str] = set()
-        self.since: datetime | None = launch.created_at
-        self.settled = 0
+        self.last_line: float | None = None  # when the stream last answered (monotonic)
 
-    def due(self, launch: LaunchFields) -> bool:
-        """Whether this poll should look for new arrivals: more members settled since the last look."""
-        progress = launch.progress
-        settled = progress.running + progress.failed + progress.ended
-        if settled == self.settled or progress.running == 0:
-            return False
-        self.settled = settled
-        return True
+    def read(self, line: str) -> tuple[str, Mapping[str, Any]] | None:
+        """``("sandbox", row)`` for a member not handed out yet, ``("progress" | "end", launch)``; None
+        for the rest (a member seen before, a kind of line this SDK does not know)."""
+        if not line.strip():
+            return None
+        self.last_line = time.monotonic()
+        message = json.loads(line)
+        kind = message.get("type")
+        if kind == "sandbox":
+            row = message["sandbox"]
+            if row["id"] in self.seen:
+                return None
+            self.seen.add(row["id"])
+            return "sandbox", row
+        if kind in ("progress", "end"):
+            return kind, message["launch"]
+        return None
 
-    def news(self, cursor: str | None) -> Call:
-        since = self.since - LATE_WRITES if self.since is not None else None
-        return calls.launch_sandboxes(self.launch_id, "running", PAGE, cursor, ready_since=since)
-
-    def rest(self, cursor: str | None) -> Call:
-        return calls.launch_sandboxes(self.launch_id, None, PAGE, cursor)
-
-    def take(self, rows: list[Mapping[str, Any]]) -> list[Mapping[str, Any]]:
-        """The rows not handed out yet (now counted as handed out)."""
-        fresh = [row for row in rows if row["id"] not in self.seen]
-        self.seen.update(row["id"] for row in fresh)
-        for row in rows:
-            ready = parse_time(row.get("ready_at"))
-            if ready is not None and (self.since is None or ready > self.since):
-                self.since = ready
-        return fresh
+    def again(self, error: Unavailable) -> None:
+        """A stream was cut off, or asking again failed: ask again while the stream answered within
+        ``RECONNECT_S`` (a web server restarting), else the error goes on (it never answered, or has
+        stopped answering, after the client's own retries)."""
+        if self.last_line is None or time.monotonic() - self.last_line > RECONNECT_S:
+            raise error

@@ -39,7 +39,7 @@ from ._lifetime import AsyncLeaseKeeper, ExitGuard, LeaseOptions, Unwinding, lea
 from ._pages import Page, every_async
 from ._resources import ClientBase, Resource
 from ._waiting import Arrivals, Deadline, backoff, raise_if_failed, raise_if_snapshot_failed
-from .errors import Conflict, NotFound
+from .errors import Conflict, NotFound, Unavailable
 from .models import (
     BatchResult,
     BatchSummary,
@@ -67,7 +67,9 @@ Last = TypeVar("Last")
 
 
 class AsyncEndpoints(_grading.Endpoints[AsyncSender]):
-    async def wait_ready(self, endpoint: str | _grading.DedicatedEndpoint, *, timeout_s: float = 600.0) -> _grading.DedicatedEndpoint:
+    async def wait_ready(
+        self, endpoint: str | _grading.DedicatedEndpoint, *, timeout_s: float = 600.0
+    ) -> _grading.DedicatedEndpoint:
         """Until the endpoint answers (``ready``); ``ForkyardError`` (``endpoint_failed``) if it failed."""
         endpoint_id = endpoint if isinstance(endpoint, str) else endpoint.id
         return await _grading.wait_ready_async(self._sender, endpoint_id, timeout_s=timeout_s)
@@ -570,22 +572,28 @@ class AsyncLaunch(LaunchFields):
         self, timeout_s: float | None, poll_s: float, on_progress: ProgressCallback | None
     ) -> AsyncIterator[AsyncSandbox]:
         deadline = Deadline(timeout_s, f"launch {self.id}")
-        await self.refresh()
-        arrivals = Arrivals(self)
+        arrivals = Arrivals(self.id)
         while True:
-            if on_progress is not None:
-                outcome = on_progress(self)
-                if outcome is not None:
-                    await outcome
-            if arrivals.due(self):
-                async for sandbox in self._pages(arrivals.news, arrivals.take):
-                    yield sandbox
-            if self.settled:
-                break
+            try:
+                async with self._sender.stream(arrivals.call) as response:
+                    async for line in response.aiter_lines():
+                        event = arrivals.read(line)
+                        if event is not None:
+                            kind, data = event
+                            if kind == "sandbox":
+                                yield AsyncSandbox(self._sender, data)
+                                continue
+                            self._apply(data)
+                            if on_progress is not None:
+                                outcome = on_progress(self)
+                                if outcome is not None:
+                                    await outcome
+                            if kind == "end":
+                                return
+                        deadline.check()
+            except Unavailable as error:
+                arrivals.again(error)
             await asyncio.sleep(deadline.next_poll(poll_s))
-            await self.refresh()
-        async for sandbox in self._pages(arrivals.rest, arrivals.take):
-            yield sandbox
 
     async def _pages(
         self, call: Callable[[str | None], Call], keep: Callable[[list[Any]], list[Any]] = list

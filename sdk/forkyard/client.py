@@ -19,7 +19,7 @@ from ._lifetime import ExitGuard, LeaseKeeper, LeaseOptions, Unwinding, lease_op
 from ._pages import Page, every
 from ._resources import ClientBase, Resource
 from ._waiting import Arrivals, Deadline, backoff, raise_if_failed, raise_if_snapshot_failed
-from .errors import Conflict, NotFound
+from .errors import Conflict, NotFound, Unavailable
 from .models import (
     BatchResult,
     BatchSummary,
@@ -690,22 +690,32 @@ class Launch(LaunchFields):
         """Iterate over the launch's sandboxes, each as it becomes ready; once none is still queued or
         creating, the ones that failed (or ended) come last, so that every sandbox is handed out once.
 
-        It polls as it is iterated (``list(launch.wait())`` waits for them all).  ``on_progress(launch)``
-        is called after every poll.  Raises ``WaitTimeout`` after ``timeout_s``.
+        The web server pushes them (``GET /launches/{id}/arrivals``) as it is iterated
+        (``list(launch.wait())`` waits for them all); a stream cut off is asked for again after
+        ``poll_s``, without handing anyone out twice.  ``on_progress(launch)`` is called whenever the
+        progress moved (every 2 s at least).  Raises ``WaitTimeout`` after ``timeout_s``.
         """
         deadline = Deadline(timeout_s, f"launch {self.id}")
-        self.refresh()
-        arrivals = Arrivals(self)
+        arrivals = Arrivals(self.id)
         while True:
-            if on_progress is not None:
-                on_progress(self)
-            if arrivals.due(self):
-                yield from self._pages(arrivals.news, arrivals.take)
-            if self.settled:
-                break
+            try:
+                with self._sender.stream(arrivals.call) as response:
+                    for line in response.iter_lines():
+                        event = arrivals.read(line)
+                        if event is not None:
+                            kind, data = event
+                            if kind == "sandbox":
+                                yield Sandbox(self._sender, data)
+                                continue
+                            self._apply(data)
+                            if on_progress is not None:
+                                on_progress(self)
+                            if kind == "end":
+                                return
+                        deadline.check()
+            except Unavailable as error:
+                arrivals.again(error)
             time.sleep(deadline.next_poll(poll_s))
-            self.refresh()
-        yield from self._pages(arrivals.rest, arrivals.take)
 
     def _pages(self, call: Callable[[str | None], Call], keep: Callable[[list[Any]], list[Any]] = list) -> Iterator[Sandbox]:
         """The sandboxes of every page of a listing of its members (those ``keep`` keeps)."""
