@@ -102,6 +102,25 @@ def capacity_of(host: Host) -> int:
     return host.max_sandboxes
 
 
+def _ended_since_reported(hosts: Sequence[Host]) -> dict[int, tuple[int, int]]:
+    """Per host, the sandboxes (and their memory) its engine still held at its last report and that have
+    ended since: without them a fleet torn down looks full until the next heartbeat, and a launch right
+    behind a teardown is refused ``no_capacity`` for seconds. Read through the ``updated_at`` index."""
+    if not hosts:
+        return {}
+    since = min(host.last_heartbeat for host in hosts)
+    rows = Sandbox.objects.filter(
+        host__in=list(hosts), updated_at__gt=since, ended_at__isnull=False, ready_at__isnull=False
+    ).exclude(engine_id="")
+    reported = {host.pk: host.last_heartbeat for host in hosts}
+    gone: dict[int, tuple[int, int]] = {}
+    for host_id, ended_at, ready_at, memory in rows.values_list("host_id", "ended_at", "ready_at", "memory_mib"):
+        if ready_at and ended_at and ready_at <= reported[host_id] < ended_at:  # up at the report, gone now
+            count, mib = gone.get(host_id, (0, 0))
+            gone[host_id] = (count + 1, mib + memory)
+    return gone
+
+
 def rooms(hosts: Sequence[Host], memory_mib: int) -> dict[int, Room]:
     """Each host's room for sandboxes of ``memory_mib``, by host id (one query for what is on its way)."""
     pending = {
@@ -111,16 +130,19 @@ def rooms(hosts: Sequence[Host], memory_mib: int) -> dict[int, Room]:
         .annotate(count=Count("id"), memory=Sum("memory_mib"))
         .order_by()
     }
+    gone = _ended_since_reported(hosts)
     ratio = _overcommit()
     found = {}
     for host in hosts:
         coming, coming_mib = pending.get(host.pk, (0, 0))
-        held = host.engine_sandboxes + coming
+        ended, ended_mib = gone.get(host.pk, (0, 0))
+        held = max(0, host.engine_sandboxes - ended) + coming
         capacity = capacity_of(host)
         now, empty = capacity - held, capacity
         if host.memory_mib:  # 0: its engine has not said yet
             budget_kib = (host.memory_mib - settings.FORKYARD_HOST_MEMORY_RESERVE_MIB) * MEBIBYTE_KIB
-            used_kib = held * overhead_kib(host) + (host.committed_memory_mib + coming_mib) * MEBIBYTE_KIB / ratio
+            committed_mib = max(0, host.committed_memory_mib - ended_mib) + coming_mib
+            used_kib = held * overhead_kib(host) + committed_mib * MEBIBYTE_KIB / ratio
             cost = sandbox_cost_kib(host, memory_mib)
             now = min(now, math.floor((budget_kib - used_kib) / cost))
             empty = min(empty, math.floor(budget_kib / cost))

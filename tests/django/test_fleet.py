@@ -83,6 +83,25 @@ def test_one_that_does_not_fit_now_is_told_to_come_back(cluster: Any, team: Any,
     assert not Sandbox.objects.exclude(state=S.QUEUED).exists()
 
 
+def test_what_ended_since_the_hosts_last_report_gives_its_room_back_at_once(cluster: Any, team: Any, make_row: Any) -> None:
+    """Issue: a launch asked for right behind a teardown of 1,000 was refused no_capacity: the host's
+    room came from its last heartbeat, which still counted the sandboxes just destroyed."""
+    host = cluster.add_host("h1", max_sandboxes=30)
+    reported = timezone.now() - timedelta(seconds=3)
+    Host.objects.filter(pk=host.pk).update(engine_sandboxes=25, committed_memory_mib=25 * 128, last_heartbeat=reported)
+    before = reported - timedelta(seconds=60)
+    ran = [make_row(S.RUNNING, host=host, engine_id=f"sb_e{index}", ready_at=before) for index in range(25)]
+    host.refresh_from_db()
+    assert placement.rooms([host], 128)[host.pk].now == 5
+    transitions.sandboxes_destroyed([(row, timezone.now()) for row in ran[:20]])
+    # Ended before the report (the engine had left them out already), or never on the engine: no room twice.
+    make_row(S.DESTROYED, host=host, engine_id="sb_old", ready_at=before, ended_at=reported - timedelta(seconds=1))
+    make_row(S.DESTROYED, host=host, ready_at=None, ended_at=timezone.now())
+    assert placement.rooms([host], 128)[host.pk].now == 25
+    launch, _ = launch_create(team=team, key=None, spec=_spec(), count=25)
+    assert launch.count == 25
+
+
 def test_the_hosts_kernel_limits_and_overhead_come_with_its_heartbeat(cluster: Any, settings: Any) -> None:
     host = cluster.add_host("h1", max_sandboxes=1000)
     engine = cluster.engine(host)
