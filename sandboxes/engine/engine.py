@@ -99,7 +99,7 @@ EXEC_CGROUP_PREFIX = "x-"
 # Empty exec cgroups kept per sandbox for its next commands: making and
 # removing one per exec (mkdir, rmdir) was a fourteenth of the engine's time.
 EXEC_CGROUPS_KEPT = 4
-NETWORK_SET_CHUNK = 100  # sandboxes whose rules change in one nftables transaction
+NETWORK_SET_CHUNK = 1000  # sandboxes whose rules change in one nftables transaction (network.replace_many)
 NetworkChange = tuple[SandboxRecord, "builtins.list[network.Rule]", str]  # a sandbox, its new rules and group
 MAX_DESTROY_MANY = 1000  # ids in one destroy_many
 DESTROY_PARALLEL = 32  # of one destroy_many, destroys under way at once

@@ -34,6 +34,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import ipaddress
+import json
 import logging
 import os
 import re
@@ -215,6 +216,12 @@ def _tag(sandbox_id: str) -> str:
     return interface_name(sandbox_id)[2:]
 
 
+def _policy_key(rules: list[Rule], group: str) -> str:
+    """The name of the chains of these rules under this group (pe-, ph-, pr-<key>): the same rules, the same chains."""
+    spec = json.dumps([[rule.to_dict() for rule in rules], group], sort_keys=True)
+    return hashlib.blake2b(spec.encode(), digest_size=7).hexdigest()[:13]
+
+
 # --- nftables JSON ---------------------------------------------------------------------
 
 
@@ -262,6 +269,13 @@ class Network:
         self._nft: Any = None
         self._lock = threading.Lock()
         self._ready = False
+        # Which policy chains each interface uses, and who uses each (read back from the table at setup):
+        # a transaction that changes them is computed and run under _state_lock, and recorded once it ran.
+        self._state_lock = threading.RLock()
+        self._policy_of: dict[str, str] = {}  # interface -> policy key
+        self._users: dict[str, set[str]] = {}  # policy key -> interfaces
+        self._named: set[str] = set()  # interfaces with an element in "names"
+        self._legacy: set[str] = set()  # tags with an r-<tag> chain, from an engine before the policy chains
 
     # --- nftables ---
 
@@ -308,6 +322,8 @@ class Network:
                 {"add": self._object("chain", name="input", type="filter", hook="input", prio=0, policy="accept")},
                 {"add": self._object("chain", name="post", type="nat", hook="postrouting", prio=100, policy="accept")},
                 {"add": self._object("map", name="names", type="ifname", map="verdict")},
+                {"add": self._object("map", name="pol_e", type="ifname", map="verdict")},
+                {"add": self._object("map", name="pol_h", type="ifname", map="verdict")},
                 {"add": self._object("chain", name="pre", type="nat", hook="prerouting", prio=-100, policy="accept")},
                 {"flush": self._object("chain", name="forward")},
                 {"flush": self._object("chain", name="input")},
@@ -360,7 +376,39 @@ class Network:
                 },
             ]
         )
+        self._load()
         self._ready = True
+
+    def _load(self) -> None:
+        """What the table holds of the policy chains and their users (an engine restarted finds them)."""
+        rc, output, _ = self._command([{"list": {"table": {"family": "inet", "name": self.table}}}])
+        items = output.get("nftables", []) if rc == 0 and isinstance(output, dict) else []
+        keys: set[str] = set()
+        with self._state_lock:
+            self._policy_of, self._users, self._named, self._legacy = {}, {}, set(), set()
+            for item in items:
+                chain = item.get("chain") if isinstance(item, dict) else None
+                if chain and chain.get("name", "").startswith("pe-"):
+                    keys.add(chain["name"][3:])
+                elif chain and chain.get("name", "").startswith("r-"):
+                    self._legacy.add(chain["name"][2:])
+                found = item.get("map") if isinstance(item, dict) else None
+                if not found or found.get("name") not in ("pol_e", "names"):
+                    continue
+                for element in found.get("elem") or []:
+                    if not (isinstance(element, list) and len(element) == 2 and isinstance(element[0], str)):
+                        continue
+                    if found["name"] == "names":
+                        self._named.add(element[0])
+                        continue
+                    verdict: dict[str, Any] = next(iter(element[1].values()), {}) if isinstance(element[1], dict) else {}
+                    target = str(verdict.get("target", "")) if isinstance(verdict, dict) else ""
+                    if target.startswith("pe-"):
+                        self._policy_of[element[0]] = target[3:]
+                        self._users.setdefault(target[3:], set()).add(element[0])
+            unused: dict[str, set[str]] = {key: set() for key in keys if key not in self._users}
+            if unused:
+                self._command(self._unused_policies(unused))
 
     def _chain_rules(self, tag: str, address: str, rules: list[Rule], to_host: bool, group: str = "") -> list[dict[str, Any]]:
         chain = ("h-" if to_host else "e-") + tag
@@ -395,15 +443,6 @@ class Network:
         if to_host:
             resolver = str(ipaddress.IPv4Address(address) - 1)
             add(_match(_daddr(), resolver), _match({"meta": {"key": "l4proto"}}, "udp"), dns_port[1], {"accept": None})
-            if proxied_ports(rules):
-                # Its name proxy, reached only by what r-<tag> redirected there (never by a connection of its own).
-                add(
-                    _match(_daddr(), resolver),
-                    _match({"meta": {"key": "l4proto"}}, "tcp"),
-                    _match({"payload": {"protocol": "th", "field": "dport"}}, PROXY_PORT),
-                    _match({"ct": {"key": "status"}}, "dnat", "in"),
-                    {"accept": None},
-                )
         add(*dns_port, *denied[1:])
         add(*dns_port, {"counter": f"n-{tag}"}, {"reject": {"type": "icmpx", "expr": "admin-prohibited"}})
         if group and not to_host:
@@ -414,12 +453,9 @@ class Network:
             proto_port = [{"meta": {"key": "l4proto"}}, {"payload": {"protocol": "th", "field": "dport"}}]
             add(_match({"concat": [_daddr(), *proto_port]}, f"@a-{tag}"), {"accept": None})
             add(_match({"concat": [_daddr(), proto_port[0]]}, f"@ap-{tag}"), {"accept": None})
-        for rule in rules:
-            if to_host and not rule.narrow:
-                continue
-            exprs = _rule_exprs(rule)
-            if exprs is not None:
-                add(*exprs, {"accept": None})
+        # What its rules allow: their own chain, shared by every sandbox under the same rules (_policy_chains),
+        # reached through a map keyed by its interface, so that new rules are one element each to change.
+        add({"vmap": {"key": {"meta": {"key": "iifname"}}, "data": "@" + ("pol_h" if to_host else "pol_e")}})
         add(*denied)
         # Refused at once (a reset, an ICMP error) rather than silently: a rollout sees "refused", not a hang.
         tcp = _match({"meta": {"key": "l4proto"}}, "tcp")
@@ -427,28 +463,75 @@ class Network:
         add({"counter": f"n-{tag}"}, {"reject": {"type": "icmpx", "expr": "admin-prohibited"}})
         return out
 
-    def _redirect_rules(self, tag: str, rules: list[Rule], group: str = "") -> list[dict[str, Any]]:
-        """r-<tag>: what its address rules (and its group) reach goes where it was sent; the rest of its TCP
-        to the ports its name rules cover goes to its name proxy (egress_proxy.py)."""
-        chain = f"r-{tag}"
-        out: list[dict[str, Any]] = [{"flush": self._object("chain", name=chain)}]
+    def _policy_chains(self, key: str, rules: list[Rule], group: str) -> list[dict[str, Any]]:
+        """The chains of one set of rules (and group), shared by every sandbox under them: ``pe-<key>``,
+        the accepts of what it forwards; ``ph-<key>``, of what it sends the host (narrow rules only);
+        ``pr-<key>``, its redirects: what its address rules (and its group) reach goes where it was sent,
+        the rest of its TCP to the ports its name rules cover goes to its name proxy (egress_proxy.py)."""
+        out: list[dict[str, Any]] = []
+        for prefix in ("pe", "ph", "pr"):
+            out += [
+                {"add": self._object("chain", name=f"{prefix}-{key}")},
+                {"flush": self._object("chain", name=f"{prefix}-{key}")},
+            ]
+
+        def add(chain: str, *expr: dict[str, Any]) -> None:
+            out.append({"add": self._object("rule", chain=f"{chain}-{key}", expr=list(expr))})
+
+        for rule in rules:
+            exprs = _rule_exprs(rule)
+            if exprs is None:
+                continue
+            add("pe", *exprs, {"accept": None})
+            if rule.narrow:
+                add("ph", *exprs, {"accept": None})
         web = proxied_ports(rules)
         if not web:
             return out
-
-        def add(*expr: dict[str, Any]) -> None:
-            out.append({"add": self._object("rule", chain=chain, expr=list(expr))})
-
+        # Its name proxy on the host side of its link, reached only by what pr-<key> redirected there (the
+        # redirect's dnat status: never a connection of its own, which cannot make one).
+        add(
+            "ph",
+            _match({"meta": {"key": "l4proto"}}, "tcp"),
+            _match({"payload": {"protocol": "th", "field": "dport"}}, PROXY_PORT),
+            _match({"ct": {"key": "status"}}, "dnat", "in"),
+            {"accept": None},
+        )
         tcp = _match({"meta": {"key": "l4proto"}}, "tcp")
-        add(_match(_daddr(), _prefix(METADATA)), {"return": None})  # refused (and recorded) by its filter
+        add("pr", _match(_daddr(), _prefix(METADATA)), {"return": None})  # refused (and recorded) by its filter
         if group:
-            add(_match(_daddr(), f"@{_group_set(group)}"), {"return": None})
+            add("pr", _match(_daddr(), f"@{_group_set(group)}"), {"return": None})
         for rule in rules:
             exprs = _rule_exprs(rule)
             if exprs is not None:
-                add(*exprs, {"return": None})
-        add(tcp, _match({"payload": {"protocol": "th", "field": "dport"}}, {"set": web}), {"redirect": {"port": PROXY_PORT}})
+                add("pr", *exprs, {"return": None})
+        add(
+            "pr", tcp, _match({"payload": {"protocol": "th", "field": "dport"}}, {"set": web}), {"redirect": {"port": PROXY_PORT}}
+        )
         return out
+
+    def _policy_elements(self, changes: list[tuple[str, str]], known: set[str], named: set[str]) -> list[dict[str, Any]]:
+        """Point these interfaces at their policies' chains: (interface, policy key); those in ``known``
+        have elements in the policy maps already, those in ``named`` one in "names"."""
+        if not changes:
+            return []
+        commands: list[dict[str, Any]] = []
+        for name, prefix, verdict in (("pol_e", "pe", "jump"), ("pol_h", "ph", "jump"), ("names", "pr", "goto")):
+            old = [ifname for ifname, _ in changes if ifname in (named if name == "names" else known)]
+            if old:
+                commands.append({"delete": self._object("element", name=name, elem=old)})
+            elements = [[ifname, {verdict: {"target": f"{prefix}-{key}"}}] for ifname, key in changes]
+            commands.append({"add": self._object("element", name=name, elem=elements)})
+        return commands
+
+    def _unused_policies(self, users: dict[str, set[str]]) -> list[dict[str, Any]]:
+        """Delete the chains of policies no interface uses any more (after the elements that used them)."""
+        return [
+            {"delete": self._object("chain", name=f"{prefix}-{key}")}
+            for key, members in users.items()
+            if not members
+            for prefix in ("pe", "ph", "pr")
+        ]
 
     def _rules_commands(self, tag: str, address: str, rules: list[Rule], group: str = "") -> list[dict[str, Any]]:
         members: list[dict[str, Any]] = []
@@ -465,7 +548,6 @@ class Network:
             {"flush": self._object("set", name=f"ap-{tag}")},
             *self._chain_rules(tag, address, rules, to_host=False, group=group),
             *self._chain_rules(tag, address, rules, to_host=True, group=group),
-            *self._redirect_rules(tag, rules, group),
         ]
 
     # --- a sandbox's network ---
@@ -486,11 +568,11 @@ class Network:
         self.setup()
         tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
         inside = self.pool.network_address + 2 * slot + 1
-        self._run(
-            [
+        with self._state_lock:
+            key = _policy_key(rules, group)
+            commands = [
                 {"add": self._object("chain", name=f"e-{tag}")},
                 {"add": self._object("chain", name=f"h-{tag}")},
-                {"add": self._object("chain", name=f"r-{tag}")},
                 {"add": self._object("counter", name=f"n-{tag}")},
                 {
                     "add": self._object(
@@ -509,12 +591,16 @@ class Network:
                 },
                 {"add": self._object("set", name=f"ap-{tag}", type=["ipv4_addr", "inet_proto"], flags=["timeout"])},
                 *self._rules_commands(tag, str(inside), rules, group),
+                *([] if key in self._users else self._policy_chains(key, rules, group)),
+                *self._policy_elements([(ifname, key)], known=set(), named=set()),
                 {"add": self._object("element", name="out", elem=[[ifname, {"goto": {"target": f"e-{tag}"}}]])},
                 {"add": self._object("element", name="host", elem=[[ifname, {"goto": {"target": f"h-{tag}"}}]])},
-                {"add": self._object("element", name="names", elem=[[ifname, {"goto": {"target": f"r-{tag}"}}]])},
                 {"add": self._object("element", name="ifaces", elem=[ifname])},
             ]
-        )
+            self._run(commands)
+            self._policy_of[ifname] = key
+            self._users.setdefault(key, set()).add(ifname)
+            self._named.add(ifname)
 
     def make_devices(
         self, sandbox_id: str, pid: int, slot: int, rules: list[Rule], proc_dir: str = "/proc", group: str = ""
@@ -570,17 +656,50 @@ class Network:
         self.replace_many([(sandbox_id, address, rules, group, old_group)])
 
     def replace_many(self, changes: list[tuple[str, str, list[Rule], str, str]]) -> None:
-        """Many sandboxes' rules (and groups) replaced in one transaction: (id, address, rules, group, old group)."""
+        """Many sandboxes' rules (and groups) replaced in one transaction: (id, address, rules, group, old group).
+
+        A sandbox keeps its own chains and has its policy map elements pointed at the chains of its new
+        rules (made once for all the sandboxes under them), and what its resolver had admitted under the
+        old ones is forgotten: a few commands for the whole change, and a few cheap ones per sandbox,
+        where writing each sandbox's rules again cost libnftables ~35 ms a sandbox at 1,000 of them.
+        Its own chains are written again only when its group changed (a rule in them names the group)
+        or they are an older engine's."""
         self.setup()
-        commands: list[dict[str, Any]] = []
-        for sandbox_id, address, rules, group, _ in changes:
-            tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
-            commands += [
-                {"add": self._object("chain", name=f"r-{tag}")},  # made by an older engine without one
-                *self._rules_commands(tag, address, rules, group),
-                {"add": self._object("element", name="names", elem=[[ifname, {"goto": {"target": f"r-{tag}"}}]])},
-            ]
-        self._run(commands)
+        with self._state_lock:
+            users = {key: set(members) for key, members in self._users.items()}
+            commands: list[dict[str, Any]] = []
+            moves: list[tuple[str, str]] = []
+            legacy: list[str] = []
+            for sandbox_id, address, rules, group, old_group in changes:
+                tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
+                key = _policy_key(rules, group)
+                if key not in users:
+                    commands += self._policy_chains(key, rules, group)
+                    users[key] = set()
+                if ifname not in self._policy_of or group != old_group:
+                    commands += self._rules_commands(tag, address, rules, group)
+                else:
+                    commands += [
+                        {"flush": self._object("set", name=f"a-{tag}")},  # admitted under the old rules
+                        {"flush": self._object("set", name=f"ap-{tag}")},
+                    ]
+                if tag in self._legacy:
+                    legacy.append(tag)
+                old_key = self._policy_of.get(ifname)
+                if old_key is not None:
+                    users[old_key].discard(ifname)
+                users[key].add(ifname)
+                moves.append((ifname, key))
+            commands += self._policy_elements(moves, known=set(self._policy_of), named=self._named)
+            commands += [{"delete": self._object("chain", name=f"r-{tag}")} for tag in legacy]
+            unused = {key: members for key, members in users.items() if not members}
+            commands += self._unused_policies(unused)
+            self._run(commands)
+            self._users = {key: members for key, members in users.items() if members}
+            for ifname, key in moves:
+                self._policy_of[ifname] = key
+                self._named.add(ifname)
+            self._legacy -= set(legacy)
         for _, address, _, group, old_group in changes:
             if old_group and old_group != group:
                 self._leave_group(address, old_group)
@@ -609,29 +728,35 @@ class Network:
         # of them: at 1,000 sandboxes with policies, eleven commands a sandbox made a teardown of 250 take
         # minutes. A batch fails whole if any object is already gone (nftables here has no "destroy"): then
         # one command at a time, each allowed to fail.
-        commands = [
-            {"delete": command}
-            for tag, ifname in found
-            for command in (
-                self._object("element", name="out", elem=[ifname]),
-                self._object("element", name="host", elem=[ifname]),
-                self._object("element", name="ifaces", elem=[ifname]),
-                self._object("element", name="names", elem=[ifname]),
-                self._object("chain", name=f"e-{tag}"),
-                self._object("chain", name=f"h-{tag}"),
-                self._object("chain", name=f"r-{tag}"),
-                self._object("set", name=f"d-{tag}"),
-                self._object("set", name=f"a-{tag}"),
-                self._object("set", name=f"ap-{tag}"),
-                self._object("counter", name=f"n-{tag}"),
-            )
-        ]
-        if not commands:
-            return
-        rc, _, _ = self._command(commands)
-        if rc != 0:
-            for command in commands:
-                self._command([command])
+        self.setup()  # an engine restarted reads what the table holds first
+        with self._state_lock:
+            users = {key: set(members) for key, members in self._users.items()}
+            commands: list[dict[str, Any]] = []
+            for tag, ifname in found:
+                elements = ["out", "host", "ifaces"]
+                elements += ["names"] if ifname in self._named or ifname not in self._policy_of else []
+                elements += ["pol_e", "pol_h"] if ifname in self._policy_of else []
+                chains = ["e", "h"] + (["r"] if tag in self._legacy or ifname not in self._policy_of else [])
+                commands += [{"delete": self._object("element", name=name, elem=[ifname])} for name in elements]
+                commands += [{"delete": self._object("chain", name=f"{prefix}-{tag}")} for prefix in chains]
+                commands += [{"delete": self._object("set", name=f"{prefix}-{tag}")} for prefix in ("d", "a", "ap")]
+                commands.append({"delete": self._object("counter", name=f"n-{tag}")})
+                key = self._policy_of.get(ifname)
+                if key is not None:
+                    users[key].discard(ifname)
+            if not commands:
+                return
+            unused = {key: members for key, members in users.items() if not members}
+            commands += self._unused_policies(unused)
+            rc, _, _ = self._command(commands)
+            if rc != 0:
+                for command in commands:
+                    self._command([command])
+            self._users = {key: members for key, members in users.items() if members}
+            for tag, ifname in found:
+                self._policy_of.pop(ifname, None)
+                self._named.discard(ifname)
+                self._legacy.discard(tag)
 
     def admit(self, sandbox_id: str, rules: list[Rule], addresses: list[str], ttl_s: int) -> None:
         """Let the sandbox reach these addresses (its resolver's answer for a name these rules allow), on the

@@ -61,9 +61,11 @@ def table_objects(engine: EngineProcess) -> list[str]:
             body = item.get(kind)
             if not body:
                 continue
-            if kind in ("chain", "set", "counter") and body["name"][:2] in ("e-", "h-", "r-", "d-", "n-", "a-", "ap", "g-"):
+            own = body["name"][:2] in ("e-", "h-", "r-", "d-", "n-", "a-", "ap", "g-")
+            policy = body["name"][:3] in ("pe-", "ph-", "pr-")  # the chains of a policy's rules
+            if kind in ("chain", "set", "counter") and (own or policy):
                 objects.append(f"{kind} {body['name']}")
-            if kind in ("map", "set") and body["name"] in ("out", "host", "names", "ifaces"):
+            if kind in ("map", "set") and body["name"] in ("out", "host", "names", "ifaces", "pol_e", "pol_h"):
                 objects.extend(f"{body['name']} element" for _ in body.get("elem", []))
     return objects
 

@@ -10,7 +10,9 @@ that engines of other tests are untouched.
 from __future__ import annotations
 
 import ipaddress
+import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
@@ -113,6 +115,38 @@ def test_a_changed_policy_applies_to_a_running_sandbox(net_engine: EngineProcess
         client.destroy(sandbox)
         with pytest.raises(errors.SandboxNotRunning):
             client.call("network.set", id=sandbox, network=allow(server, 8080))
+
+
+def test_sandboxes_under_the_same_rules_share_their_chains_and_a_change_moves_them_all(net_engine: EngineProcess, server: Server):
+    """A policy change at scale writes the new rules once, not once a sandbox: their chains are shared,
+    and each sandbox's policy map elements move to the new ones; the old ones go with their last user."""
+    with net_engine.client() as client:
+        made = [client.create(template="base", size="tiny", network=allow(server, 8080))["id"] for _ in range(3)]
+        assert len(_policy_chains(net_engine)) == 3  # pe-, ph-, pr- of the one set of rules
+        first = _policy_chains(net_engine)
+        answers = client.call("network.set_many", items=[{"id": sandbox, "network": allow(server, 8081)} for sandbox in made])
+        assert [answer.get("error") for answer in answers["sandboxes"]] == [None] * 3
+        moved = _policy_chains(net_engine)
+        assert len(moved) == 3 and not moved & first  # the new rules' chains; the old ones gone
+        for sandbox in made:
+            assert connect(client, sandbox, server.address, 8081, "moved")[1] == b"pong moved\n"
+            assert connect(client, sandbox, server.address, 8080)[0] != 0
+        client.call("network.set", id=made[0], network=allow(server, 8080))
+        assert len(_policy_chains(net_engine)) == 6  # two sets of rules in use
+        for sandbox in made:
+            client.destroy(sandbox)
+        assert table_objects(net_engine) == []
+
+
+def _policy_chains(engine: EngineProcess) -> set[str]:
+    listing = subprocess.run(["nft", "-j", "list", "chains", "inet"], capture_output=True, text=True, check=True)
+    return {
+        item["chain"]["name"]
+        for item in json.loads(listing.stdout)["nftables"]
+        if "chain" in item
+        and item["chain"]["table"] == engine.config.network_table
+        and item["chain"]["name"][:3] in ("pe-", "ph-", "pr-")
+    }
 
 
 def test_names_are_resolved_only_when_a_rule_allows_them(net_engine: EngineProcess, server: Server):
