@@ -796,7 +796,7 @@ class Engine:
             self.resolvers.update(record.id, rules)
             await self.proxies.update(record.id, record.network["host_address"], rules)
             record.network = {**record.network, "egress": [rule.to_dict() for rule in rules], "group": group}
-            self.store.put_sandbox(record)
+        self.store.put_sandboxes([record for record, _, _ in changes])
 
     def _network_change(self, args: dict[str, Any]) -> NetworkChange:
         record = self.find(args.get("id"))

@@ -225,6 +225,23 @@ class Store:
             (record.id, record.state, record.to_json(), time.time()),
         )
 
+    def put_sandboxes(self, records: list[SandboxRecord]) -> None:
+        """Many records in one transaction (a policy changed under a thousand sandboxes: one commit, not a
+        thousand)."""
+        rows = [(record.id, record.state, record.to_json(), time.time()) for record in records]
+        with self._lock:
+            self._db.execute("BEGIN")  # the connection commits each statement on its own otherwise
+            try:
+                self._db.executemany(
+                    "INSERT INTO sandboxes (id, state, record, updated_at) VALUES (?, ?, ?, ?) "
+                    "ON CONFLICT(id) DO UPDATE SET state=excluded.state, record=excluded.record, updated_at=excluded.updated_at",
+                    rows,
+                )
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
+
     def delete_sandbox(self, sandbox_id: str) -> None:
         self._execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
 
