@@ -85,6 +85,7 @@ class Server:
     address: str
     other: str
     log_dir: Path
+    namespace: str = ""  # its network namespace (``ip netns exec`` it for a server of a test's own)
 
     def received(self, port: int, address: str = "", protocol: str = "tcp") -> bytes:
         """What reached ``port`` at ``address`` (the first one by default); port 53: any DNS datagram;
@@ -131,7 +132,7 @@ def serving(tmp_path: Path) -> Iterator[Server]:
             ["ip", "netns", "exec", namespace, sys.executable, "-c", SERVER, str(log_dir)], stdout=subprocess.PIPE
         )
         assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        yield Server(address, other, log_dir)
+        yield Server(address, other, log_dir, namespace)
     finally:
         if process is not None:
             process.kill()
