@@ -60,7 +60,7 @@ from tests.support.engine import EngineProcess  # noqa: E402
 from tests.support.netns import Server, serving  # noqa: E402
 
 NAME = "svc.fytest.example"
-GOALS = {"policy_adds_to_create_p50_ms": 5.0, "alive_with_policies": 1000, "cycles_with_a_policy": 1000}
+GOALS = {"policy_adds_to_create_p50_ms": 5.0, "alive_with_policies": 1000, "cycles_with_a_policy": 1000, "policy_change_s": 1.0}
 
 
 class Policed(Forkyard):
@@ -245,6 +245,7 @@ def main() -> int:
         "a_name_policy_adds_under_5ms_to_create_p50": create["name_adds_p50_ms"] < GOALS["policy_adds_to_create_p50_ms"],
         f"{args.alive}_alive_with_policies": alive["count"] >= GOALS["alive_with_policies"]
         and alive["left_after_teardown"] == {"devices": 0, "rules": 0},
+        f"a_policy_change_under_{args.alive}_applies_within_1s": alive["policy_change_s"] < GOALS["policy_change_s"],
         f"nothing_left_after_{args.cycles}_cycles_with_a_policy": cycles["loop"]["cycles"] >= GOALS["cycles_with_a_policy"]
         and not cycles["grown"]
         and cycles["create_failed"] == 0,
