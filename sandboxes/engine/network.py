@@ -276,6 +276,10 @@ class Network:
         self._users: dict[str, set[str]] = {}  # policy key -> interfaces
         self._named: set[str] = set()  # interfaces with an element in "names"
         self._legacy: set[str] = set()  # tags with an r-<tag> chain, from an engine before the policy chains
+        # Tags whose admitted sets may hold elements (their resolver answered an allowed name): only those
+        # need flushing when their rules change; each flush is a command, and commands cost in proportion
+        # to the table. Unknown after a restart, so every sandbox found then counts.
+        self._admitted: set[str] = set()
 
     # --- nftables ---
 
@@ -406,6 +410,7 @@ class Network:
                     if target.startswith("pe-"):
                         self._policy_of[element[0]] = target[3:]
                         self._users.setdefault(target[3:], set()).add(element[0])
+                        self._admitted.add(element[0][2:])
             unused: dict[str, set[str]] = {key: set() for key in keys if key not in self._users}
             if unused:
                 self._command(self._unused_policies(unused))
@@ -670,6 +675,7 @@ class Network:
             commands: list[dict[str, Any]] = []
             moves: list[tuple[str, str]] = []
             legacy: list[str] = []
+            flushed: list[str] = []
             for sandbox_id, address, rules, group, old_group in changes:
                 tag, ifname = _tag(sandbox_id), interface_name(sandbox_id)
                 key = _policy_key(rules, group)
@@ -678,11 +684,12 @@ class Network:
                     users[key] = set()
                 if ifname not in self._policy_of or group != old_group:
                     commands += self._rules_commands(tag, address, rules, group)
-                else:
+                elif tag in self._admitted:
                     commands += [
                         {"flush": self._object("set", name=f"a-{tag}")},  # admitted under the old rules
                         {"flush": self._object("set", name=f"ap-{tag}")},
                     ]
+                    flushed.append(tag)
                 if tag in self._legacy:
                     legacy.append(tag)
                 old_key = self._policy_of.get(ifname)
@@ -700,6 +707,7 @@ class Network:
                 self._policy_of[ifname] = key
                 self._named.add(ifname)
             self._legacy -= set(legacy)
+            self._admitted -= set(flushed)
         for _, address, _, group, old_group in changes:
             if old_group and old_group != group:
                 self._leave_group(address, old_group)
@@ -757,6 +765,7 @@ class Network:
                 self._policy_of.pop(ifname, None)
                 self._named.discard(ifname)
                 self._legacy.discard(tag)
+                self._admitted.discard(tag)
 
     def admit(self, sandbox_id: str, rules: list[Rule], addresses: list[str], ttl_s: int) -> None:
         """Let the sandbox reach these addresses (its resolver's answer for a name these rules allow), on the
@@ -780,7 +789,9 @@ class Network:
         if any_port:
             commands.append({"add": self._object("element", name=f"ap-{tag}", elem=any_port)})
         if commands:
-            self._run(commands)
+            with self._state_lock:  # a change of its rules comes before or after, never between
+                self._run(commands)
+                self._admitted.add(tag)  # its next change of rules flushes them
 
     def remove_table(self) -> None:
         """The engine's table, hooks and all (the offline reclaim: no sandbox of this engine is left)."""

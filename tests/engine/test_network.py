@@ -175,6 +175,21 @@ def test_names_are_resolved_only_when_a_rule_allows_them(net_engine: EngineProce
         client.destroy(sandbox)
 
 
+def test_a_change_of_rules_forgets_what_the_old_name_rule_admitted(net_engine: EngineProcess, server: Server):
+    """The addresses a name rule's answers admitted go with the rule: a new policy without the name
+    reaches the address no more, even by the number the sandbox already knows."""
+    name_servers(net_engine, server.address)
+    with net_engine.client() as client:
+        sandbox = client.create(
+            template="base", size="tiny", network={"egress": [{"host": "svc.fytest.example", "ports": [8080]}]}
+        )["id"]
+        assert connect(client, sandbox, "svc.fytest.example", 8080, "named") == (0, b"pong named\n")
+        assert connect(client, sandbox, server.address, 8080, "by number")[0] == 0  # admitted: the resolver answered it
+        client.call("network.set", id=sandbox, network={"egress": [{"host": "other.fytest.example", "ports": [8080]}]})
+        assert connect(client, sandbox, server.address, 8080)[0] != 0
+        client.destroy(sandbox)
+
+
 def test_a_forged_hosts_file_or_resolver_gains_nothing(net_engine: EngineProcess, server: Server):
     name_servers(net_engine, server.address)
     policy = {
