@@ -9,8 +9,9 @@ network rule: nothing here leaves the machine). In the same run:
 
 * create to first command, p50/p95, one at a time, for a sandbox without a
   policy, with an address policy, and with a name policy (a ``host`` rule on
-  443: a resolver and a name proxy as well), interleaved so that the three
-  share the machine's noise; and the exec round trip of `true` without a
+  443: a resolver and a name proxy as well), interleaved so that they share
+  the machine's noise, each policed kind measured right after an unpoliced
+  sandbox and again right after a policed one was destroyed (``SEQUENCE``); and the exec round trip of `true` without a
   policy and with one;
 * connections: the probe (tests/probe/probe.c) opens ``--connections`` TCP
   connections one after the other, each sending a line and reading the
@@ -87,20 +88,29 @@ def policies(server: Server) -> dict[str, dict[str, Any] | None]:
     }
 
 
+# Each policed create measured right after an unpoliced sandbox, and again right after a policed one was
+# destroyed (a launch under a policy churning): the second costs ~10 ms more, whatever the kind, so an
+# interleaving that always puts one kind second would charge that kind for it.
+SEQUENCE = ("none", "address", "none", "name", "address", "address", "name", "name")
+
+
 def create_to_first_command(engine: EngineProcess, server: Server, samples: int) -> dict[str, Any]:
     runtimes = {kind: Policed(engine, network) for kind, network in policies(server).items()}
-    latencies: dict[str, list[float]] = {kind: [] for kind in runtimes}
+    latencies: dict[str, list[float]] = {}
     for runtime in runtimes.values():
         runtime.destroy(runtime.make(-1))  # warm
     for _ in range(samples):
-        for kind, runtime in runtimes.items():
+        previous = "none"
+        for kind in SEQUENCE:
+            label = kind if kind == "none" or previous == "none" else f"{kind}_after_policed"
             started = time.perf_counter()
-            sandbox = runtime.make(0)
-            latencies[kind].append((time.perf_counter() - started) * 1000)
-            runtime.destroy(sandbox)
-    results: dict[str, Any] = {kind: summary(values) for kind, values in latencies.items()}
-    for kind in ("address", "name"):
-        results[f"{kind}_adds_p50_ms"] = round(results[kind]["p50"] - results["none"]["p50"], 2)
+            sandbox = runtimes[kind].make(0)
+            latencies.setdefault(label, []).append((time.perf_counter() - started) * 1000)
+            runtimes[kind].destroy(sandbox)
+            previous = kind
+    results: dict[str, Any] = {label: summary(values) for label, values in latencies.items()}
+    for label in ("address", "name", "address_after_policed", "name_after_policed"):
+        results[f"{label}_adds_p50_ms"] = round(results[label]["p50"] - results["none"]["p50"], 2)
     results["exec_ms"] = {kind: exec_ms(runtimes[kind], samples * 2) for kind in ("none", "address")}
     return results
 
@@ -241,8 +251,13 @@ def main() -> int:
     create, alive, cycles = report["create"], report["alive"], report["cycles"]
     report["goals"] = GOALS
     report["goals_met"] = {
-        "an_address_policy_adds_under_5ms_to_create_p50": create["address_adds_p50_ms"] < GOALS["policy_adds_to_create_p50_ms"],
-        "a_name_policy_adds_under_5ms_to_create_p50": create["name_adds_p50_ms"] < GOALS["policy_adds_to_create_p50_ms"],
+        # Met only if met in both positions.
+        "an_address_policy_adds_under_5ms_to_create_p50": max(
+            create["address_adds_p50_ms"], create["address_after_policed_adds_p50_ms"]
+        )
+        < GOALS["policy_adds_to_create_p50_ms"],
+        "a_name_policy_adds_under_5ms_to_create_p50": max(create["name_adds_p50_ms"], create["name_after_policed_adds_p50_ms"])
+        < GOALS["policy_adds_to_create_p50_ms"],
         f"{args.alive}_alive_with_policies": alive["count"] >= GOALS["alive_with_policies"]
         and alive["left_after_teardown"] == {"devices": 0, "rules": 0},
         f"a_policy_change_under_{args.alive}_applies_within_1s": alive["policy_change_s"] < GOALS["policy_change_s"],

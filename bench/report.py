@@ -503,7 +503,8 @@ def network() -> str:
     create, traffic, alive, cycles = report["create"], report["traffic"], report["alive"], report["cycles"]
     rows_ = [
         [
-            "create to first command, p50 / p95 (ms)",
+            "create to first command, p50 / p95 (ms)"
+            + (", right after an unpoliced sandbox" if "address_after_policed" in create else ""),
             *(number([create[kind]["p50"], create[kind]["p95"]], 2) for kind in ("none", "address", "name")),
         ],
         [
@@ -512,6 +513,26 @@ def network() -> str:
             number(create["address_adds_p50_ms"], 2),
             number(create["name_adds_p50_ms"], 2),
         ],
+        *(
+            [
+                [
+                    "the same, right after a policed sandbox was destroyed: p50 / p95 (ms)",
+                    "-",
+                    *(
+                        number([create[f"{kind}_after_policed"]["p50"], create[f"{kind}_after_policed"]["p95"]], 2)
+                        for kind in ("address", "name")
+                    ),
+                ],
+                [
+                    "what the policy adds to the p50 then (ms)",
+                    "-",
+                    number(create["address_after_policed_adds_p50_ms"], 2),
+                    number(create["name_after_policed_adds_p50_ms"], 2),
+                ],
+            ]
+            if "address_after_policed" in create
+            else []
+        ),
         [
             "exec of `true`, p50 (ms)",
             number(create["exec_ms"]["none"]["p50"], 2),
