@@ -483,10 +483,8 @@ def list_launches(limit: int, cursor: str | None) -> Call:
     return Call("GET", "/launches", params={"limit": limit, "cursor": cursor})
 
 
-def launch_sandboxes(
-    launch_id: str, state: str | None, limit: int, cursor: str | None, ready_since: datetime | None = None
-) -> Call:
-    params = {"state": state, "limit": limit, "cursor": cursor, "ready_since": ready_since.isoformat() if ready_since else None}
+def launch_sandboxes(launch_id: str, state: str | None, limit: int, cursor: str | None) -> Call:
+    params = {"state": state, "limit": limit, "cursor": cursor}
     return Call("GET", f"/launches/{_segment(launch_id)}/sandboxes", params=params)
 
 

@@ -595,13 +595,11 @@ class AsyncLaunch(LaunchFields):
                 arrivals.again(error)
             await asyncio.sleep(deadline.next_poll(poll_s))
 
-    async def _pages(
-        self, call: Callable[[str | None], Call], keep: Callable[[list[Any]], list[Any]] = list
-    ) -> AsyncIterator[AsyncSandbox]:
+    async def _pages(self, call: Callable[[str | None], Call]) -> AsyncIterator[AsyncSandbox]:
         cursor: str | None = None
         while True:
             data = await self._sender.json(call(cursor))
-            for row in keep(data["sandboxes"]):
+            for row in data["sandboxes"]:
                 yield AsyncSandbox(self._sender, row)
             cursor = data.get("next_cursor")
             if not cursor:

@@ -717,12 +717,12 @@ class Launch(LaunchFields):
                 arrivals.again(error)
             time.sleep(deadline.next_poll(poll_s))
 
-    def _pages(self, call: Callable[[str | None], Call], keep: Callable[[list[Any]], list[Any]] = list) -> Iterator[Sandbox]:
-        """The sandboxes of every page of a listing of its members (those ``keep`` keeps)."""
+    def _pages(self, call: Callable[[str | None], Call]) -> Iterator[Sandbox]:
+        """The sandboxes of every page of a listing of its members."""
         cursor: str | None = None
         while True:
             data = self._sender.json(call(cursor))
-            for row in keep(data["sandboxes"]):
+            for row in data["sandboxes"]:
                 yield Sandbox(self._sender, row)
             cursor = data.get("next_cursor")
             if not cursor:
