@@ -73,28 +73,32 @@ def _members(ids: list[str], access: Access | None) -> list[dict[str, Any]]:
     return [SandboxOut.model_validate(sandbox_out(by_id[pk], access)).model_dump() for pk in ids if pk in by_id]
 
 
+async def _send(ids: list[str], access: Access | None) -> AsyncIterator[bytes]:
+    """These members' lines, read in full ``CHUNK`` at a time."""
+    for start in range(0, len(ids), CHUNK):
+        for member in await db(_members)(ids[start : start + CHUNK], access):
+            yield _line({"type": "sandbox", "sandbox": member})
+
+
 async def arrivals(launch: Launch, access: Access | None) -> AsyncIterator[bytes]:
     sent: set[str] = set()
-    since = None
+    since = None  # the latest ready time seen (the look-ups come in ready order)
     last_progress: dict[str, Any] | None = None
     last_line = 0.0
     while True:
         answer, ready = await db(_look)(launch.pk, since - LATE_WRITES if since is not None else None)
+        if ready:
+            since = max(ready[-1][1], since or ready[-1][1])
         fresh = [pk for pk, _ in ready if pk not in sent]
-        for _, ready_at in ready:
-            since = ready_at if since is None or ready_at > since else since
-        for start in range(0, len(fresh), CHUNK):
-            for member in await db(_members)(fresh[start : start + CHUNK], access):
-                yield _line({"type": "sandbox", "sandbox": member})
-            sent.update(fresh[start : start + CHUNK])
+        async for line in _send(fresh, access):
+            yield line
+        sent.update(fresh)
         if _settled(answer):
             break
         if answer["progress"] != (last_progress or {}).get("progress") or time.monotonic() - last_line >= KEEPALIVE_S:
             yield _line({"type": "progress", "launch": answer})
             last_progress, last_line = answer, time.monotonic()
         await asyncio.sleep(POLL_S)
-    rest = [pk for pk in await db(selectors.launch_member_ids)(launch) if pk not in sent]
-    for start in range(0, len(rest), CHUNK):
-        for member in await db(_members)(rest[start : start + CHUNK], access):
-            yield _line({"type": "sandbox", "sandbox": member})
+    async for line in _send([pk for pk in await db(selectors.launch_member_ids)(launch) if pk not in sent], access):
+        yield line
     yield _line({"type": "end", "launch": answer})
