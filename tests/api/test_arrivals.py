@@ -32,15 +32,21 @@ def _until(condition: Any, timeout_s: float = 60) -> None:
         time.sleep(0.05)
 
 
+def _follow_queued(api: httpx.Client, count: int) -> tuple[dict[str, Any], list[dict[str, Any]], threading.Thread]:
+    """A launch made while the bulk worker is stopped (it stays queued), and its stream read into a list by a
+    thread, once the first line came: the stream is open before any member is ready."""
+    created = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": count, "ttl_s": 600}).json()
+    lines: list[dict[str, Any]] = []
+    reader = threading.Thread(target=_read, args=(api, created["id"], lines))
+    reader.start()
+    _until(lambda: lines)
+    return created, lines, reader
+
+
 def test_the_stream_follows_a_launch_and_sends_each_member_once(api, stack):
-    # The bulk worker stopped first: the launch stays queued, so the stream is open before any member is ready.
     stack.kill(stack.worker_pid)
     try:
-        created = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": 12, "ttl_s": 600}).json()
-        lines: list[dict[str, Any]] = []
-        reader = threading.Thread(target=_read, args=(api, created["id"], lines))
-        reader.start()
-        _until(lambda: lines)
+        created, lines, reader = _follow_queued(api, 12)
         assert lines[0]["type"] == "progress" and lines[0]["launch"]["progress"]["running"] == 0
     finally:
         stack.start_worker()
@@ -66,11 +72,7 @@ def test_the_stream_follows_a_launch_and_sends_each_member_once(api, stack):
 def test_a_launch_torn_down_before_it_started_ends_its_stream(api, stack):
     stack.kill(stack.worker_pid)
     try:
-        created = api.post("/api/v1/launches", json={"template": "base", "size": "tiny", "count": 5, "ttl_s": 600}).json()
-        lines: list[dict[str, Any]] = []
-        reader = threading.Thread(target=_read, args=(api, created["id"], lines))
-        reader.start()
-        _until(lambda: lines)
+        created, lines, reader = _follow_queued(api, 5)
         assert api.delete(f"/api/v1/launches/{created['id']}").status_code == 200
         reader.join(timeout=60)
         assert not reader.is_alive()
