@@ -263,9 +263,8 @@ def sandboxes_destroyed(ended: Sequence[tuple[Sandbox, datetime | None]]) -> set
         allowed = sources(SANDBOX_MOVES, S.DESTROYED)
         wanted = {sandbox.pk: at or now for sandbox, at in ended}
         moved: dict[str, datetime] = {}
-        for start in range(0, len(wanted), 500):
+        for part in _chunks(sorted(wanted)):
             # Locked in key order; those in a state that may become destroyed move, in one statement run for each.
-            part = sorted(wanted)[start : start + 500]
             states = Sandbox.objects.select_for_update().filter(pk__in=part).order_by("pk").values_list("pk", "state")
             moved.update({pk: wanted[pk] for pk, state in states if state in allowed})
         update_each(
