@@ -389,7 +389,7 @@ class Network:
         items = output.get("nftables", []) if rc == 0 and isinstance(output, dict) else []
         keys: set[str] = set()
         with self._state_lock:
-            self._policy_of, self._users, self._named, self._legacy = {}, {}, set(), set()
+            self._policy_of, self._users, self._named, self._legacy, self._admitted = {}, {}, set(), set(), set()
             for item in items:
                 chain = item.get("chain") if isinstance(item, dict) else None
                 if chain and chain.get("name", "").startswith("pe-"):
@@ -530,7 +530,8 @@ class Network:
         return commands
 
     def _unused_policies(self, users: dict[str, set[str]]) -> list[dict[str, Any]]:
-        """Delete the chains of policies no interface uses any more (after the elements that used them)."""
+        """Delete the chains of the policies in ``users`` that no interface uses any more (after the
+        elements that used them)."""
         return [
             {"delete": self._object("chain", name=f"{prefix}-{key}")}
             for key, members in users.items()
@@ -699,8 +700,7 @@ class Network:
                 moves.append((ifname, key))
             commands += self._policy_elements(moves, known=set(self._policy_of), named=self._named)
             commands += [{"delete": self._object("chain", name=f"r-{tag}")} for tag in legacy]
-            unused = {key: members for key, members in users.items() if not members}
-            commands += self._unused_policies(unused)
+            commands += self._unused_policies(users)
             self._run(commands)
             self._users = {key: members for key, members in users.items() if members}
             for ifname, key in moves:
@@ -754,8 +754,7 @@ class Network:
                     users[key].discard(ifname)
             if not commands:
                 return
-            unused = {key: members for key, members in users.items() if not members}
-            commands += self._unused_policies(unused)
+            commands += self._unused_policies(users)
             rc, _, _ = self._command(commands)
             if rc != 0:
                 for command in commands:
