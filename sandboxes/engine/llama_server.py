@@ -134,7 +134,7 @@ class Model:
         generation = Generation(prompt_tokens=len(tokens))
         limit = options["max_tokens"]
         stops: list[str] = options["stop"]
-        pending = b""
+        characters = Characters()
         written = ""
         with self.lock:
             # A seed given is honoured; otherwise each request samples afresh (not the server's start seed again).
@@ -153,11 +153,7 @@ class Model:
                     generation.finish_reason = "stop"
                     break
                 generation.completion_tokens += 1
-                pending += self.llama.detokenize([token], prev_tokens=None, special=False)
-                try:
-                    piece, pending = pending.decode(), b""
-                except UnicodeDecodeError:
-                    piece = ""  # the middle of a character: wait for its other bytes
+                piece = characters.feed(self.llama.detokenize([token], prev_tokens=None, special=False))
                 if piece:
                     written += piece
                     hit = next((stop for stop in stops if stop in written), None)
@@ -174,6 +170,37 @@ class Model:
                 if generation.completion_tokens >= limit:
                     break
         return generation
+
+
+# How many bytes a UTF-8 sequence has, by its first byte's high four bits, as llama.cpp's grammar reads it.
+_SEQUENCE_LENGTH = (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)
+
+
+class Characters:
+    """A decoder's bytes as text, one character for each character llama.cpp's grammar counted.
+
+    Byte tokens can spell sequences the grammar takes as one character each
+    but that are not UTF-8 (an overlong form, an encoded surrogate, a lead
+    byte above U+10FFFF): each becomes one U+FFFD, so an answer the grammar
+    finished is still whole JSON within the schema's lengths. A sequence
+    not yet complete waits for its other bytes."""
+
+    def __init__(self) -> None:
+        self.pending = b""
+
+    def feed(self, data: bytes) -> str:
+        self.pending += data
+        text: list[str] = []
+        while self.pending:
+            size = _SEQUENCE_LENGTH[self.pending[0] >> 4]
+            sequence = self.pending[:size]
+            if any(byte >> 6 != 0b10 for byte in sequence[1:]):
+                sequence = sequence[:1]  # a lead byte cut short: the bytes after it are read afresh
+            elif len(sequence) < size:
+                break
+            self.pending = self.pending[len(sequence) :]
+            text.append(sequence.decode(errors="replace")[:1])
+        return "".join(text)
 
 
 def _raise(message: str) -> None:
