@@ -48,7 +48,7 @@ from . import (
     statedir,
     users,
 )
-from .cgroups import GROUP_PREFIX, PREFIX, Cgroups, Limits, detect, split_name
+from .cgroups import GROUP_PREFIX, PREFIX, Cgroups, Limits, detect, favor_moves, split_name
 from .config import EngineConfig
 from .errors import (
     CreateFailed,
@@ -228,6 +228,7 @@ class Engine:
         self.proxies = egress_proxy.NameProxies(self.resolvers.resolve, self.resolvers.refuse)
         self._networks_used = False  # has any sandbox here had a network? (else recovery leaves the firewall alone)
         self.recovery: RecoveryReport | None = None
+        self.cgroup_moves = "left as the host has them (favor_cgroup_moves=0)"
         # The host's kernel limits, checked (and raised) at start, and its kernel memory per sandbox (preflight.py).
         self.preflight: preflight.Report | None = None
         self.overhead = preflight.OverheadMeter(config.proc_dir, config.sandbox_overhead_kib)
@@ -290,6 +291,9 @@ class Engine:
         loop = asyncio.get_running_loop()
         _on_sigchld(loop, self._reap_children)
         self.cgroups.setup()
+        if config.favor_cgroup_moves:
+            self.cgroup_moves = favor_moves(self.kernel, config.proc_dir)
+            (log.info if self.cgroup_moves in ("set", "already") else log.warning)("cgroup moves: %s", self.cgroup_moves)
 
         def on_spawner_lost() -> None:
             loop.create_task(self._spawner_lost())
@@ -572,6 +576,7 @@ class Engine:
             "cpus": os.cpu_count(),
             "memory_mib": pages // MEBIBYTE,
             "cgroup_version": self.cgroups.version,
+            "cgroup_moves": self.cgroup_moves,  # what start did about favordynmods (cgroups.favor_moves)
             "max_sandboxes": self.config.max_sandboxes,
             "sandboxes": sum(states.get(state, 0) for state in LIVE_STATES),
             "states": states,

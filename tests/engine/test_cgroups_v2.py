@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.engine.cgroups import CgroupsV2, Limits
+from sandboxes.engine import kernel
+from sandboxes.engine.cgroups import FAVOR_MOVES, CgroupsV2, Limits, favor_moves, favor_moves_plan
 from sandboxes.engine.config import EngineConfig
 
 pytestmark = pytest.mark.root
@@ -143,3 +144,28 @@ def test_v2_a_memory_group_holds_its_members_each_in_a_cgroup_of_its_own():
             driver.remove(name)
         driver.remove_empty_group("mg-g1")
         os.rmdir(driver.parent)
+
+
+def _cgroup2_mount() -> tuple[str, set[str], set[str]]:
+    """The first cgroup2 mount: (where, its own options, the hierarchy's options), as mountinfo has them."""
+    for line in Path("/proc/self/mountinfo").read_text().splitlines():
+        mount, _, filesystem = line.partition(" - ")
+        if filesystem.startswith("cgroup2 "):
+            return mount.split()[4], set(mount.split()[5].split(",")), set(filesystem.split()[2].split(","))
+    pytest.fail("no cgroup v2 hierarchy mounted on this host")
+
+
+def test_favor_moves_sets_the_option_and_keeps_every_other_one():
+    target, own, hierarchy = _cgroup2_mount()
+    if FAVOR_MOVES in hierarchy:  # set by an engine before: taken off first, the way favor_moves puts it on
+        plan = favor_moves_plan(Path("/proc/self/mountinfo").read_text().replace(f",{FAVOR_MOVES}", ""))
+        assert not isinstance(plan, str)
+        kept = ",".join(option for option in plan.data.split(",") if option != FAVOR_MOVES)
+        kernel.Kernel().mount("none", plan.target, None, plan.flags, kept)
+        assert FAVOR_MOVES not in _cgroup2_mount()[2]
+    before = _cgroup2_mount()
+    assert favor_moves(kernel.Kernel(), Path("/proc")) == "set"
+    after = _cgroup2_mount()
+    assert after[0] == target and after[1] == before[1] == own, "the mount's own options (nosuid...) stay"
+    assert after[2] == before[2] | {FAVOR_MOVES}, "the hierarchy's other options stay"
+    assert favor_moves(kernel.Kernel(), Path("/proc")) == "already"

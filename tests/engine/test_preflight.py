@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes.engine import preflight
+from sandboxes.engine.cgroups import favor_moves_plan
 from sandboxes.engine.client import EngineClient
 from sandboxes.engine.config import EngineConfig
 from tests.engine.networks import net_engine
@@ -49,6 +50,9 @@ def test_the_engine_reports_the_hosts_limits_as_the_kernel_has_them(engine: Engi
     assert found["fs.inotify.max_user_instances"]["per_user"] and found["fs.inotify.max_user_instances"]["need"] == 1
     assert info["preflight"]["fits"] <= info["max_sandboxes"]
     assert info["sandbox_overhead_kib"]["default_kib"] == 600 and info["sandbox_overhead_kib"]["kib"] >= 600
+    # Its start made moves into cgroups cheap (cgroups.favor_moves), and the kernel has the option now.
+    assert info["cgroup_moves"] in ("set", "already"), info["cgroup_moves"]
+    assert favor_moves_plan(Path("/proc/self/mountinfo").read_text()) == "already"
 
 
 def test_a_short_limit_is_raised_in_proc_and_one_the_kernel_refuses_is_reported_never_lowered() -> None:

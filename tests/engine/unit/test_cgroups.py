@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from sandboxes.engine import cgroups
+from sandboxes.engine import cgroups, kernel
+from sandboxes.engine.cgroups import Remount, favor_moves_plan
 from sandboxes.engine.config import EngineConfig
 
 
@@ -121,3 +122,31 @@ def test_stats_read_each_versions_own_files(tmp_path: Path):
     assert driver1.stats("fy-s") == cgroups.Stats(
         memory_bytes=2 << 20, cpu_usage_us=7_000_000, oom_kills=1, pids=1, memory_peak_bytes=4 << 20
     )
+
+
+SYSTEMD_V2 = (
+    "24 30 0:22 / /sys/fs/cgroup rw,nosuid,nodev,noexec,relatime shared:9 - cgroup2 cgroup2 rw,nsdelegate,memory_recursiveprot\n"
+)
+HYBRID = (
+    "30 25 0:26 / /sys/fs/cgroup/memory rw,relatime - cgroup cgroup rw,memory\n"
+    "35 25 0:31 / /sys/fs/cgroup/unified rw,relatime - cgroup2 cgroup2 rw\n"
+)
+
+
+def test_favor_moves_remounts_with_every_option_the_mount_had():
+    plan = favor_moves_plan(SYSTEMD_V2)
+    assert plan == Remount(
+        target="/sys/fs/cgroup",
+        flags=kernel.MS_REMOUNT | kernel.MS_NOSUID | kernel.MS_NODEV | kernel.MS_NOEXEC | kernel.MS_RELATIME,
+        data="nsdelegate,memory_recursiveprot,favordynmods",
+    )
+    hybrid = favor_moves_plan(HYBRID)
+    assert hybrid == Remount(target="/sys/fs/cgroup/unified", flags=kernel.MS_REMOUNT | kernel.MS_RELATIME, data="favordynmods")
+
+
+def test_favor_moves_leaves_a_hierarchy_that_has_it_and_a_host_without_cgroup2():
+    assert favor_moves_plan(SYSTEMD_V2.replace("memory_recursiveprot", "memory_recursiveprot,favordynmods")) == "already"
+    assert favor_moves_plan(HYBRID.splitlines()[0]) == "no cgroup2 mount"
+    assert favor_moves_plan("garbage\n\n1 2 3 - cgroup2\n") == "no cgroup2 mount"
+    spaced = favor_moves_plan(HYBRID.replace("/sys/fs/cgroup/unified", "/srv/my\\040cgroups"))
+    assert not isinstance(spaced, str) and spaced.target == "/srv/my cgroups"
