@@ -55,6 +55,7 @@ NEVER = [
 ]
 # Imports of project modules inside a function, each with the reason it cannot be at the top.
 INSIDE_A_FUNCTION = {
+    ("sandboxes.engine.network", "sandboxes.engine.rtnl"): "pyroute2 (half a second of CPU) loads after the engine starts",
     ("console.apps", "console.keys"): "AppConfig.ready(): Django's place to connect signals, once models are loaded",
     ("console.apps", "console.models"): "AppConfig.ready(): Django's place to connect signals, once models are loaded",
     ("sandboxes.apps", "sandboxes.agent"): "AppConfig.ready(): Django's place to connect signals, once models are loaded",
