@@ -6,7 +6,7 @@ the kernel takes about 0.1 ms for most of them (docs/benchmarks.md). A
 policed create made eleven such requests, most of what a policy added to a
 create. Here the same messages (pyroute2's classes encode them) go to a
 plain netlink socket, several in one write, and only the acknowledgements
-are read back: the kernel handles a write's messages in order and answers
+are read back (pyroute2's ``nlmsgerr`` decodes them): the kernel handles a write's messages in order and answers
 each, so a batch is as ordered as one request at a time.
 
 A device's index, which its addresses and state name, comes from
@@ -20,7 +20,7 @@ import socket
 import struct
 from typing import Any
 
-from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST
+from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, nlmsgerr
 from pyroute2.netlink.rtnl import RTM_NEWADDR, RTM_NEWLINK, RTM_NEWROUTE
 from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP, ifinfmsg
@@ -73,12 +73,13 @@ class Rtnl:
             answer = self.socket.recv(65536)
             offset = 0
             while offset + NLMSG_HEADER.size <= len(answer):
-                length, kind, _, sequence, _ = NLMSG_HEADER.unpack_from(answer, offset)
-                if kind == NLMSG_ERROR and sequence in sent:
-                    code = -struct.unpack_from("=i", answer, offset + NLMSG_HEADER.size)[0]
-                    what = sent.pop(sequence)
-                    if code:
-                        refused.append((what, code))
+                length, kind = NLMSG_HEADER.unpack_from(answer, offset)[:2]
+                if kind == NLMSG_ERROR:  # an acknowledgement: error 0, or the refusal's errno, negated
+                    acknowledgement = nlmsgerr(answer[offset : offset + length])
+                    acknowledgement.decode()
+                    what = sent.pop(acknowledgement["header"]["sequence_number"], "")
+                    if what and acknowledgement["error"]:
+                        refused.append((what, -acknowledgement["error"]))
                 offset += max(length, NLMSG_HEADER.size)
         if refused:
             what, code = refused[0]
