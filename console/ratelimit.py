@@ -93,7 +93,7 @@ class RedisLimiter:
         """``hit`` on the event loop's own connection: no thread per request."""
         now = time.time()
         window = int(now)
-        pipeline = self._async_client().pipeline()
+        pipeline = self._async_client().pipeline(transaction=False)  # one round trip, without MULTI/EXEC
         pipeline.incr(f"fy:rate:{team_id}:{window}")
         pipeline.expire(f"fy:rate:{team_id}:{window}", 2)
         return self._verdict(int((await pipeline.execute())[0]), limit, now)

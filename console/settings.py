@@ -274,5 +274,6 @@ LOGGING = {
     "formatters": {"plain": {"format": "%(asctime)s %(name)s %(levelname)s %(message)s"}},
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": env.str("FORKYARD_LOG_LEVEL", default="INFO")},
-    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}},
+    # httpx logs each request at INFO (the gateway's calls upstream): a line per call, and its time on the call's path.
+    "loggers": {"django.channels.server": {"level": "WARNING"}, "daphne": {"level": "WARNING"}, "httpx": {"level": "WARNING"}},
 }

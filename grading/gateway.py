@@ -269,10 +269,10 @@ class Call:
     def _chose(self, route: Route) -> None:
         self.outcome.upstream_id, self.outcome.endpoint_id = route.upstream_id, route.endpoint_id
 
-    async def _spent(self, answer_tokens: tuple[int, int]) -> None:
+    def _spent(self, answer_tokens: tuple[int, int]) -> None:
         self.outcome.input_tokens += answer_tokens[0]
         self.outcome.output_tokens += answer_tokens[1]
-        await limits.spent(self.caller.team_id, sum(answer_tokens))
+        limits.spent_soon(self.caller.team_id, sum(answer_tokens))  # the answer does not wait for the count
 
     def _keep(self, response: Any) -> None:
         if self.outcome.retain_days:
@@ -285,7 +285,7 @@ class Call:
         for _ in range(tries):
             route, answer = await _first_reachable(self.routes, lambda route: upstream.complete(route, self.body))
             self._chose(route)
-            await self._spent(_usage_of(answer))
+            self._spent(_usage_of(answer))
             problem = self.checks.problem(answer) if self.checks.any else None
             if problem is None:
                 answer["model"] = self.request.model
@@ -312,7 +312,7 @@ class Call:
         async for chunk in chunks:
             chunk["model"] = self.request.model
             if chunk.get("usage"):
-                await self._spent(_usage_of(chunk))
+                self._spent(_usage_of(chunk))
             if self.outcome.retain_days:
                 text.extend(_delta_text(chunk))
             if chunk.get("usage") and not chunk.get("choices") and not wanted_usage:
@@ -332,7 +332,7 @@ class Call:
             for chunk in chunks:
                 chunk["model"] = self.request.model
                 if chunk.get("usage"):
-                    await self._spent(_usage_of(chunk))
+                    self._spent(_usage_of(chunk))
             problem = self.checks.problem(_assembled(chunks))
             if problem is None:
                 self._keep(_assembled(chunks))
