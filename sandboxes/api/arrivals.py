@@ -41,6 +41,7 @@ from ..schemas import LaunchOut, SandboxOut
 from .answers import launch_out, sandbox_out
 
 POLL_S = 0.1  # how often the members are looked at while the launch starts
+FIRST_POLL_S = 0.02  # until the first member came: what a trainer waits on first is the first sandbox
 KEEPALIVE_S = 2.0  # a progress line at least this often
 # How far back each look reaches before the latest member seen: a member is recorded a little after
 # its engine stamped it ready, in batches (the SDK's listing-based wait looked back as far).
@@ -98,7 +99,7 @@ async def arrivals(launch: Launch, access: Access | None) -> AsyncIterator[bytes
         if answer["progress"] != (last_progress or {}).get("progress") or time.monotonic() - last_line >= KEEPALIVE_S:
             yield _line({"type": "progress", "launch": answer})
             last_progress, last_line = answer, time.monotonic()
-        await asyncio.sleep(POLL_S)
+        await asyncio.sleep(POLL_S if sent else FIRST_POLL_S)
     async for line in _send([pk for pk in await db(selectors.launch_member_ids)(launch) if pk not in sent], access):
         yield line
     yield _line({"type": "end", "launch": answer})
