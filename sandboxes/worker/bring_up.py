@@ -6,8 +6,7 @@
    per worker process), with the row's id as the engine's idempotency key:
    a replayed command gets the same engine sandbox back.
 4. Record the outcomes in batches (``transitions.sandboxes_started``): a few
-   transactions per hundred sandboxes, not several each; the first sandboxes
-   of a chunk at once, without waiting for others to share their transaction.  A sandbox whose
+   transactions per hundred sandboxes, not several each.  A sandbox whose
    destroy arrived meanwhile is destroyed at once, never recorded running.
 5. Settle the launches they belong to.
 """
@@ -155,7 +154,6 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
         pending = {pool.submit(_create, host, row, missing): row for row in rows}
         batch: list[tuple[Sandbox, dict[str, Any]]] = []
         batch_opened = 0.0
-        first = True  # the chunk's first started sandboxes are recorded at once: a launch's first wait on them
         while pending:
             if time.monotonic() - last_beat >= heartbeat_s:
                 _heartbeat([row.pk for row in pending.values()])
@@ -171,8 +169,7 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
                 if not batch:
                     batch_opened = time.monotonic()
                 batch.append((row, record))
-            if batch and (first or len(batch) >= BATCH or not pending or time.monotonic() - batch_opened >= BATCH_WAIT_S):
-                first = False
+            if batch and (len(batch) >= BATCH or not pending or time.monotonic() - batch_opened >= BATCH_WAIT_S):
                 started = record_started(host, batch)
                 counts["running"] += len(started.running) + len(started.recorded_before)
                 counts["destroyed"] += len(started.to_destroy)
