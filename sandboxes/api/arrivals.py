@@ -71,11 +71,6 @@ def _look(launch_id: str) -> dict[str, Any]:
     return _launch(Launch.objects.select_related("snapshot").get(pk=launch_id))
 
 
-def _ready(launch: Launch, since: Any) -> list[tuple[str, Any]]:
-    """Its running members ready since ``since`` (ids and times only)."""
-    return selectors.launch_members_ready(launch, since)
-
-
 def _members(ids: list[str], access: Access | None) -> list[dict[str, Any]]:
     rows = Sandbox.objects.select_related("host").defer("env").filter(pk__in=ids)
     by_id = {row.pk: row for row in rows}
@@ -95,7 +90,7 @@ async def arrivals(launch: Launch, access: Access | None) -> AsyncIterator[bytes
     last_progress: dict[str, Any] | None = None
     last_line = looked = 0.0
     while True:
-        ready = await db(_ready)(launch, since - LATE_WRITES if since is not None else None)
+        ready = await db(selectors.launch_members_ready)(launch, since - LATE_WRITES if since is not None else None)
         if ready:
             since = max(ready[-1][1], since or ready[-1][1])
         fresh = [pk for pk, _ in ready if pk not in sent]

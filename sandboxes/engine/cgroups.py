@@ -113,7 +113,7 @@ def favor_moves_plan(mountinfo: str) -> Remount | str:
         flags = kernel.MS_REMOUNT
         for option in fields[5].split(","):
             flags |= _MOUNT_FLAGS.get(option, 0)
-        target = fields[4].encode().decode("unicode_escape")  # mountinfo writes a space as \040
+        target = fields[4].replace("\\040", " ")  # mountinfo writes a space as \040 (as recovery.py reads it)
         return Remount(target=target, flags=flags, data=",".join([*options, FAVOR_MOVES]))
     return "no cgroup2 mount"
 

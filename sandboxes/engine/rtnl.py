@@ -6,8 +6,9 @@ the kernel takes about 0.1 ms for most of them (docs/benchmarks.md). A
 policed create made eleven such requests, most of what a policy added to a
 create. Here the same messages (pyroute2's classes encode them) go to a
 plain netlink socket, several in one write, and only the acknowledgements
-are read back (pyroute2's ``nlmsgerr`` decodes them): the kernel handles a write's messages in order and answers
-each, so a batch is as ordered as one request at a time.
+are read back (pyroute2's ``nlmsgerr`` decodes them): the kernel handles a
+write's messages in order and answers each, so a batch is as ordered as one
+request at a time.
 
 A device's index, which its addresses and state name, comes from
 ``socket.if_nametoindex`` (one ioctl), not a netlink dump.
@@ -26,7 +27,6 @@ from pyroute2.netlink.rtnl.ifaddrmsg import ifaddrmsg
 from pyroute2.netlink.rtnl.ifinfmsg import IFF_UP, ifinfmsg
 from pyroute2.netlink.rtnl.rtmsg import rtmsg
 
-NETLINK_ROUTE = 0
 NLMSG_ERROR = 2
 NLMSG_HEADER = struct.Struct("=IHHII")
 CREATE = NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL
@@ -42,7 +42,7 @@ class Rtnl:
     """A route netlink socket in the network namespace of the thread that makes it."""
 
     def __init__(self) -> None:
-        self.socket = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, NETLINK_ROUTE)
+        self.socket = socket.socket(socket.AF_NETLINK, socket.SOCK_RAW | socket.SOCK_CLOEXEC, socket.NETLINK_ROUTE)
         self.socket.bind((0, 0))
         self.sequence = 0
 
