@@ -133,7 +133,7 @@ def template_out(template: Template) -> dict[str, Any]:
         "description": template.description,
         "size_bytes": template.size_bytes,
         "created_at": template.created_at,
-        "hosts": [host.name for host in template.hosts.all()],
+        "hosts": sorted(host.name for host in template.hosts.all()),
     }
 
 
