@@ -51,8 +51,12 @@ connect: Callable[[str], EngineClient] = _connect_for_real
 
 
 def engine(address: str) -> EngineClient:
-    """A blocking client for this thread (kept open between calls)."""
+    """A blocking client for this thread (kept open between calls, and made again once
+    ``connect`` changed: a long-lived thread does not keep a client of the old factory)."""
     clients: dict[str, EngineClient] = getattr(_local, "clients", None) or {}
+    if getattr(_local, "factory", None) is not connect:
+        clients = {}
+        _local.factory = connect
     _local.clients = clients
     client = clients.get(address)
     if client is None:
@@ -65,12 +69,10 @@ def connected_to(factory: Callable[[str], Any]) -> Iterator[None]:
     """Every blocking engine client made meanwhile comes from ``factory`` (the tests' fake engine)."""
     global connect
     previous, connect = connect, factory
-    _local.clients = {}
     try:
         yield
     finally:
         connect = previous
-        _local.clients = {}
 
 
 class Named(Protocol):
