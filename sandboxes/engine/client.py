@@ -266,17 +266,6 @@ class EngineClient:
     def create(self, **args: Any) -> dict[str, Any]:
         return dict(self.call("create", **args))
 
-    def create_many(self, items: builtins.list[dict[str, Any]], on_created: Callable[[dict[str, Any]], None]) -> dict[str, int]:
-        """Many creates in one call; ``on_created`` gets each one's ``{"index", "sandbox"}`` or
-        ``{"index", "error"}`` as the engine finishes it (not in order); returns how many were made."""
-
-        def created(message: dict[str, Any]) -> None:
-            if message.get("event") == "created":
-                on_created({key: value for key, value in message.items() if key != "event"})
-
-        result, _ = self.stream("create_many", {"items": items}, on_event=created)
-        return dict(result)
-
     def get(self, sandbox_id: str) -> dict[str, Any]:
         return dict(self.call("get", id=sandbox_id))
 

@@ -103,10 +103,6 @@ NETWORK_SET_CHUNK = 1000  # sandboxes whose rules change in one nftables transac
 NetworkChange = tuple[SandboxRecord, "builtins.list[network.Rule]", str]  # a sandbox, its new rules and group
 MAX_DESTROY_MANY = 1000  # ids in one destroy_many
 DESTROY_PARALLEL = 32  # of one destroy_many, destroys under way at once
-MAX_CREATE_MANY = 1000  # creates in one create_many
-# Of one create_many, creates under way at once: the engine alone makes the most
-# a second with about eight callers; a launch sends a call per chunk.
-CREATE_PARALLEL = 8
 
 
 def new_sandbox_id() -> str:
@@ -879,26 +875,6 @@ class Engine:
             if claimed is not None:
                 return self._hand_over(claimed, request).public()
         return (await self.create_record(args, request=request)).public()
-
-    async def create_many(self, items: Any, report: Callable[[dict[str, Any]], None]) -> dict[str, int]:
-        """Many creates in one call (a launch's chunk), ``CREATE_PARALLEL`` at a time, each
-        ``report``-ed as it finishes (``{"index", "sandbox"}`` or ``{"index", "error"}``): the caller
-        records the first while the last are still being made.  How many were made and refused."""
-        if not isinstance(items, list) or not 1 <= len(items) <= MAX_CREATE_MANY or not all(isinstance(i, dict) for i in items):
-            raise InvalidRequest(f"items must be a list of 1 to {MAX_CREATE_MANY} creates", field="items")
-        gate = asyncio.Semaphore(CREATE_PARALLEL)
-
-        async def one(index: int, args: dict[str, Any]) -> bool:
-            async with gate:
-                try:
-                    answer: dict[str, Any] = {"index": index, "sandbox": await self.create(args)}
-                except EngineError as error:
-                    answer = {"index": index, "error": error.to_dict()}
-            report(answer)
-            return "sandbox" in answer
-
-        made = sum(await asyncio.gather(*(one(index, args) for index, args in enumerate(items))))
-        return {"created": made, "refused": len(items) - made}
 
     async def _replay(self, request: CreateRequest) -> SandboxRecord | None:
         existing: SandboxRecord | None = None

@@ -257,11 +257,6 @@ async def op_create(call: Call) -> Any:
     return await call.engine.create(call.args)
 
 
-async def op_create_many(call: Call) -> Any:
-    """Each create's answer is a ``created`` event as it finishes; the last frame counts them."""
-    return await call.engine.create_many(call.args.get("items"), lambda answer: call.event({"event": "created", **answer}))
-
-
 async def op_get(call: Call) -> Any:
     return call.engine.get(call.args.get("id"))
 
@@ -628,7 +623,6 @@ OPS: dict[str, Handler] = {
     "list": op_list,
     "destroy": op_destroy,
     "destroy_many": op_destroy_many,
-    "create_many": op_create_many,
     "pause": op_pause,
     "resume": op_resume,
     "stats": op_stats,

@@ -2,12 +2,10 @@
 
 1. Claim the rows (``queued -> creating``); only rows still creating are made.
 2. Make sure the host holds every snapshot they fork (``snapshot_copy``).
-3. Ask the engine to create them all in one call (``create_many``: it makes
-   ``CREATE_PARALLEL`` at once and answers each as it is ready; an engine
-   from before it gets a create each, ``CREATES_IN_FLIGHT`` at most per
-   worker process), with the row's id as the engine's idempotency key: a
-   replayed command gets the same engine sandbox back.
-4. Record the outcomes as they arrive, in batches (``transitions.sandboxes_started``): a few
+3. Ask the engine to create each, in parallel (at most ``CREATES_IN_FLIGHT``
+   per worker process), with the row's id as the engine's idempotency key:
+   a replayed command gets the same engine sandbox back.
+4. Record the outcomes in batches (``transitions.sandboxes_started``): a few
    transactions per hundred sandboxes, not several each.  A sandbox whose
    destroy arrived meanwhile is destroyed at once, never recorded running.
 5. Settle the launches they belong to.
@@ -15,12 +13,11 @@
 
 from __future__ import annotations
 
-import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Iterator
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from typing import Any
 
@@ -48,10 +45,6 @@ BATCH_WAIT_S = 0.1
 # it only makes each sandbox wait longer between ready and recorded.
 CREATES_IN_FLIGHT = 32
 _in_flight = threading.BoundedSemaphore(CREATES_IN_FLIGHT)
-# The threads that hold this process's create_many calls, one a chunk: a
-# call of ``CREATE_PARALLEL`` creates on the engine keeps one connection, its
-# thread's, and the worker runs eight chunks at once (scripts/up's -c 8).
-_calls = ThreadPoolExecutor(8, thread_name_prefix="create-many")
 
 # Rows this process's bring_up calls are at, so that its own reconciliation leaves them alone.
 _at_work: Counter[str] = Counter()
@@ -116,42 +109,20 @@ def record_started(host: Host, started: list[tuple[Sandbox, dict[str, Any]]]) ->
     return outcome
 
 
-def _create_each(host: Host, rows: list[Sandbox], put: Callable[[Sandbox, dict[str, Any]], None]) -> None:
-    """An engine from before ``create_many``: a create each, side by side, answered as ``create_many`` answers."""
-
-    def one(row: Sandbox) -> None:
-        try:
-            with _in_flight:
-                answer: dict[str, Any] = {"sandbox": engine_link.engine(host.engine_socket).create(**create_args(row))}
-        except engine_errors.EngineError as error:
-            answer = {"error": error.to_dict()}
-        put(row, answer)
-
-    with ThreadPoolExecutor(min(PARALLEL, len(rows))) as pool:
-        list(pool.map(one, rows))
-
-
-def _create_on_engine(host: Host, rows: list[Sandbox], put: Callable[[Sandbox, dict[str, Any]], None]) -> None:
-    """Every row's create in one engine call, each answer ``put`` as the engine finishes it."""
+def _create(host: Host, sandbox: Sandbox, missing: dict[str, engine_errors.EngineError]) -> tuple[str, dict[str, Any]]:
+    """One engine create, in a pool thread: ("started", record), or an outcome already recorded."""
+    unavailable = missing.get(sandbox.snapshot_id or "")
+    if unavailable is not None:
+        return transitions.sandbox_failed(sandbox, code=unavailable.code, message=unavailable.message), {}
     try:
-        engine_link.engine(host.engine_socket).create_many(
-            [create_args(row) for row in rows], lambda answer: put(rows[answer["index"]], answer)
-        )
-    except engine_errors.InvalidRequest as error:
-        if error.details.get("field") != "op":
-            raise
-        _create_each(host, rows, put)
-
-
-def _outcome(row: Sandbox, answer: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """What one create's answer makes of its row: ("started", record), or an outcome already recorded."""
-    error = answer.get("error")
-    if error is not None:
-        code, message = str(error.get("code") or "engine_error"), str(error.get("message") or "")
-        return transitions.sandbox_failed(row, code=code, message=message), {}
-    record: dict[str, Any] = answer["sandbox"]
+        with _in_flight:
+            record = engine_link.engine(host.engine_socket).create(**create_args(sandbox))
+    except engine_errors.Unavailable:
+        raise  # the whole chunk is retried: creates are idempotent on the key
+    except engine_errors.EngineError as error:
+        return transitions.sandbox_failed(sandbox, code=error.code, message=error.message), {}
     if record["state"] != "running":
-        transitions.sandbox_ended(row, Sandbox.State.DESTROYED, at=transitions.engine_time(record, "ended_at"))
+        transitions.sandbox_ended(sandbox, Sandbox.State.DESTROYED, at=transitions.engine_time(record, "ended_at"))
         return Sandbox.State.DESTROYED, {}
     return "started", record
 
@@ -172,16 +143,6 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
     )
     missing = snapshots_missing(host, rows)
     counts = {"running": 0, "failed": 0, "destroyed": 0}
-    to_make = []
-    for row in rows:
-        unavailable = missing.get(row.snapshot_id or "")
-        if unavailable is None:
-            to_make.append(row)
-        else:
-            counts[transitions.sandbox_failed(row, code=unavailable.code, message=unavailable.message)] += 1
-    if not to_make:
-        settle_launches(rows)
-        return counts
     # Reconciliation takes a creating row whose engine sandbox runs but which no
     # worker recorded for FORKYARD_STUCK_AFTER_S as lost with its worker, and
     # adopts it. Rows of a big chunk wait longer than that on a busy host, so
@@ -189,53 +150,30 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
     # (at_work), and other processes by a heartbeat on the waiting rows.
     heartbeat_s = settings.FORKYARD_STUCK_AFTER_S / 4
     last_beat = time.monotonic()
-    # The engine's answers arrive on a thread of their own (its connection), and are recorded here, in
-    # batches, while the engine goes on making the rest.
-    answers: queue.SimpleQueue[tuple[Sandbox, dict[str, Any]] | BaseException | None] = queue.SimpleQueue()
-    failure: BaseException | None = None
-    with at_work(row.pk for row in to_make):
-        call = _calls.submit(_create_on_engine, host, to_make, lambda row, answer: answers.put((row, answer)))
-        call.add_done_callback(lambda done: answers.put(done.exception()))
-        pending = {row.pk: row for row in to_make}
+    with at_work(row.pk for row in rows), ThreadPoolExecutor(min(PARALLEL, max(1, len(rows)))) as pool:
+        pending = {pool.submit(_create, host, row, missing): row for row in rows}
         batch: list[tuple[Sandbox, dict[str, Any]]] = []
         batch_opened = 0.0
-        ended = False
-        while not ended:
+        while pending:
             if time.monotonic() - last_beat >= heartbeat_s:
-                _heartbeat(list(pending))
+                _heartbeat([row.pk for row in pending.values()])
                 last_beat = time.monotonic()
             left = BATCH_WAIT_S - (time.monotonic() - batch_opened) if batch else heartbeat_s
-            arrived: tuple[Sandbox, dict[str, Any]] | BaseException | None | tuple[()]
-            try:
-                arrived = answers.get(timeout=max(0.001, left))
-            except queue.Empty:
-                arrived = ()  # nothing yet: a batch may be due, or a heartbeat
-            if isinstance(arrived, BaseException):
-                # The engine went away: what it made is recorded, and the chunk retried (creates are
-                # idempotent on the key, so a replay gets the same sandboxes).
-                failure, ended = arrived, True
-            elif arrived is None:
-                ended = True
-            elif arrived:
-                row, answer = arrived
-                pending.pop(row.pk, None)
-                if (answer.get("error") or {}).get("code") == engine_errors.Unavailable.code:
-                    failure = engine_errors.from_dict(answer["error"])  # left creating, for the retry
-                    continue
-                outcome, record = _outcome(row, answer)
+            done, _ = wait(pending, timeout=max(0.0, left), return_when=FIRST_COMPLETED)
+            for future in done:
+                row = pending.pop(future)
+                outcome, record = future.result()
                 if outcome != "started":
                     counts[outcome] += 1
                     continue
                 if not batch:
                     batch_opened = time.monotonic()
                 batch.append((row, record))
-            if batch and (len(batch) >= BATCH or ended or time.monotonic() - batch_opened >= BATCH_WAIT_S):
+            if batch and (len(batch) >= BATCH or not pending or time.monotonic() - batch_opened >= BATCH_WAIT_S):
                 started = record_started(host, batch)
                 counts["running"] += len(started.running) + len(started.recorded_before)
                 counts["destroyed"] += len(started.to_destroy)
                 batch = []
-    if failure is not None:
-        raise failure
     settle_launches(rows)
     return counts
 

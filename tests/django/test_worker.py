@@ -61,46 +61,6 @@ def test_a_command_replayed_after_its_worker_died_gets_the_same_engine_sandboxes
     assert {pk: Sandbox.objects.get(pk=pk).engine_id for pk in first} == first
 
 
-def test_bring_up_asks_for_a_chunk_in_one_call_and_falls_back_on_an_engine_without_it(
-    cluster: Any, make_row: Any, sent: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    host = cluster.add_host("h1")
-    engine = cluster.engine(host)
-    rows = [make_row(host=host) for _ in range(4)]
-    assert bring_up.bring_up(host, [row.pk for row in rows[:2]])["running"] == 2
-    assert [args for op, args in engine.calls if op == "create_many"] == [{"count": 2}]
-
-    def unknown(items: list[dict[str, Any]], on_created: Any) -> dict[str, int]:
-        raise engine_errors.InvalidRequest("unknown operation 'create_many'", field="op", ops=["create"])
-
-    monkeypatch.setattr(engine, "create_many", unknown)
-    assert bring_up.bring_up(host, [row.pk for row in rows[2:]]) == {"running": 2, "failed": 0, "destroyed": 0}
-    assert len(creates(engine)) == 4
-    assert set(Sandbox.objects.filter(pk__in=[row.pk for row in rows]).values_list("state", flat=True)) == {S.RUNNING}
-
-
-def test_a_chunk_whose_engine_went_away_keeps_what_was_made_and_leaves_the_rest_for_the_retry(
-    cluster: Any, make_row: Any, sent: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    host = cluster.add_host("h1")
-    engine = cluster.engine(host)
-    rows = [make_row(host=host) for _ in range(3)]
-    many = engine.create_many
-
-    def cut_short(items: list[dict[str, Any]], on_created: Any) -> dict[str, int]:
-        many(items[:1], on_created)
-        raise engine_errors.Unavailable("lost the engine connection")
-
-    monkeypatch.setattr(engine, "create_many", cut_short)
-    with pytest.raises(engine_errors.Unavailable):
-        bring_up.bring_up(host, [row.pk for row in rows])
-    states = {row.pk: row.state for row in Sandbox.objects.filter(pk__in=[row.pk for row in rows])}
-    assert sorted(states.values()) == [S.CREATING, S.CREATING, S.RUNNING]
-    monkeypatch.setattr(engine, "create_many", many)
-    assert bring_up.bring_up(host, [row.pk for row in rows])["running"] == 2, "the retry makes the rest"
-    assert len(engine.sandboxes) == 3
-
-
 def test_an_engine_error_fails_the_row_with_its_code(cluster: Any, make_row: Any, sent: Any) -> None:
     host = cluster.add_host("h1")
     cluster.engine(host).fail("create", engine_errors.TemplateNotFound("no template 'base'"))

@@ -241,32 +241,6 @@ def test_destroy_many_destroys_each_and_answers_each_in_order(engine):
         assert refused.value.details["field"] == "ids"
 
 
-def test_create_many_answers_each_as_it_is_made_and_replays_by_key(engine):
-    items = [{"template": "base", "size": "tiny", "key": f"chunk-{index}"} for index in range(5)]
-    items.insert(2, {"template": "no-such-template", "size": "tiny", "key": "chunk-bad"})
-    answers: list[dict] = []
-    counts = engine.create_many(items, answers.append)
-    try:
-        assert counts == {"created": 5, "refused": 1}
-        assert sorted(answer["index"] for answer in answers) == list(range(6))
-        by_index = {answer["index"]: answer for answer in answers}
-        assert by_index[2]["error"]["code"] == "template_not_found"
-        made = {index: answer["sandbox"] for index, answer in by_index.items() if index != 2}
-        assert {record["state"] for record in made.values()} == {"running"}
-        for record in made.values():
-            assert sandbox_processes(record["id"]), f"{record['id']}: its init runs, as the kernel sees it"
-            assert engine.exec(record["id"], "true").exit_code == 0
-        again: list[dict] = []
-        engine.create_many(items[:2], again.append)
-        assert {answer["sandbox"]["id"] for answer in again} == {made[0]["id"], made[1]["id"]}, "a replay: the same sandboxes"
-    finally:
-        engine.destroy_many([record["id"] for record in made.values()])
-    for bad in ([], "not-a-list", [1, 2], [{}] * 1001):
-        with pytest.raises(errors.InvalidRequest) as refused:
-            engine.create_many(bad, answers.append)
-        assert refused.value.details["field"] == "items"
-
-
 def test_create_with_an_id_is_idempotent_and_destroy_too(engine):
     first = engine.create(template="base", size="tiny", id="rollout-7-env-3")
     again = engine.create(template="base", size="tiny", id="rollout-7-env-3")

@@ -146,18 +146,6 @@ class FakeEngine:
                 answers.append({"id": sandbox_id, "error": error.to_dict()})
         return answers
 
-    def create_many(self, items: list[dict[str, Any]], on_created: Any) -> dict[str, int]:
-        """As the engine's: each created (recorded as a create each) or refused, answered as it finishes."""
-        self._record("create_many", {"count": len(items)})
-        made = 0
-        for index, args in enumerate(items):
-            try:
-                on_created({"index": index, "sandbox": self.create(**args)})
-                made += 1
-            except errors.EngineError as error:
-                on_created({"index": index, "error": error.to_dict()})
-        return {"created": made, "refused": len(items) - made}
-
     def get(self, sandbox_id: str) -> dict[str, Any]:
         self._record("get", {"id": sandbox_id})
         record = self.sandboxes.get(sandbox_id)
