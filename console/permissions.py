@@ -177,7 +177,11 @@ ROUTES: list[tuple[str, str, Action]] = [
     ("GET", "/snapshots/{snapshot_id}", Action.SEE_SNAPSHOTS),
     ("DELETE", "/snapshots/{snapshot_id}", Action.MANAGE_SNAPSHOTS),
     ("GET", "/templates", Action.SEE_TEMPLATES),
+    ("POST", "/templates", Action.MANAGE_TEMPLATES),
     ("GET", "/templates/{name}", Action.SEE_TEMPLATES),
+    ("DELETE", "/templates/{name}", Action.MANAGE_TEMPLATES),
+    ("GET", "/templates/{name}/build", Action.SEE_TEMPLATES),
+    ("GET", "/templates/{name}/build/logs", Action.SEE_TEMPLATES),
     # network policies
     ("GET", "/network-policies", Action.SEE_POLICIES),
     ("POST", "/network-policies", Action.MANAGE_POLICIES),

@@ -43,6 +43,7 @@ class Command(StrEnum):
     ENSURE_SNAPSHOT_GONE = "sandboxes.tasks.ensure_snapshot_gone"
     DISPATCH_LAUNCH = "sandboxes.tasks.dispatch_launch"
     REVOKE_DATA_TOKENS = "sandboxes.tasks.revoke_data_tokens"
+    BUILD_TEMPLATE = "sandboxes.tasks.build_template"
     # Dedicated inference endpoints (grading/): a model server on a host, started and stopped by its engine.
     ENSURE_ENDPOINT_RUNNING = "grading.tasks.ensure_endpoint_running"
     ENSURE_ENDPOINT_GONE = "grading.tasks.ensure_endpoint_gone"
@@ -65,6 +66,7 @@ EXPIRES: dict[Command, int | None] = {
     Command.ENSURE_SNAPSHOT_GONE: 3600,
     Command.DISPATCH_LAUNCH: None,
     Command.REVOKE_DATA_TOKENS: 3600,  # past it, every token the key was given has expired anyway
+    Command.BUILD_TEMPLATE: 3600,
     Command.ENSURE_ENDPOINT_RUNNING: 600,
     Command.ENSURE_ENDPOINT_GONE: 3600,
 }
@@ -119,6 +121,11 @@ def dispatch_launch(launch_id: str, sealed_env: str) -> None:
     """Any worker makes the launch's sandboxes, in chunks placed on hosts with room; their environment
     travels sealed (``console.sealing``): a broker's message is data at rest too."""
     send(Command.DISPATCH_LAUNCH, (launch_id, sealed_env), Lane.CONTROL)
+
+
+def build_template(build_id: str) -> None:
+    """Any worker runs a template build: its steps reach the build sandbox's host through its engine link."""
+    send(Command.BUILD_TEMPLATE, (build_id,), Lane.CONTROL)
 
 
 def revoke_data_tokens(hosts: Iterable[Host], key_ids: Sequence[str]) -> None:

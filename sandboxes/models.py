@@ -39,6 +39,10 @@ def lease_id() -> str:
     return public_id("ls")
 
 
+def build_id() -> str:
+    return public_id("tb")
+
+
 class Host(models.Model):
     """A machine running an engine and a Celery worker on its own queue."""
 
@@ -79,7 +83,17 @@ class Host(models.Model):
 
 
 class Template(models.Model):
-    """A root filesystem sandboxes start from; global unless it names a team."""
+    """A root filesystem sandboxes start from; global unless it names a team.
+
+    A global one is what the hosts' engines hold (they report it). A team's
+    own is built through the API (``TemplateBuild``): it is the last snapshot
+    of its build, so a create from it is a fork of that snapshot.
+    """
+
+    class State(models.TextChoices):
+        BUILDING = "building"  # its first build has not finished
+        READY = "ready"
+        FAILED = "failed"  # its first build failed: nothing to start from
 
     name = models.CharField(max_length=64)
     team = models.ForeignKey(Team, null=True, blank=True, on_delete=models.CASCADE, related_name="templates")
@@ -87,11 +101,16 @@ class Template(models.Model):
     size_bytes = models.PositiveBigIntegerField(default=0)
     layers = models.JSONField(default=list)
     hosts = models.ManyToManyField(Host, blank=True, related_name="templates")
+    state = models.CharField(max_length=10, choices=State.choices, default=State.READY)
+    # A team's template: the snapshot its last good build ended with.
+    snapshot = models.ForeignKey("Snapshot", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
     created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
 
     class Meta:
         constraints = [
-            models.UniqueConstraint(fields=["name"], condition=models.Q(team__isnull=True), name="unique_global_template")
+            models.UniqueConstraint(fields=["name"], condition=models.Q(team__isnull=True), name="unique_global_template"),
+            models.UniqueConstraint(fields=["team", "name"], condition=models.Q(team__isnull=False), name="unique_team_template"),
         ]
 
     def __str__(self) -> str:
@@ -157,6 +176,11 @@ class Snapshot(models.Model):
     host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.SET_NULL)  # where it was taken
     hosts = models.ManyToManyField(Host, blank=True, related_name="snapshots_held")  # every host whose engine holds it
     services = models.JSONField(default=list)
+    # Taken by a template build after a step: the digest of its base and every step up to it (a build
+    # whose steps start the same way forks the same snapshot instead of running them again).
+    build_key = models.CharField(max_length=64, blank=True, db_index=True)
+    # What forks get by default besides the parent's (a build's env, workdir and user steps).
+    defaults = models.JSONField(default=dict)
     idempotency_key = models.CharField(max_length=255, null=True, blank=True)
     created_at = models.DateTimeField(default=timezone.now)
     updated_at = models.DateTimeField(default=timezone.now)
@@ -177,6 +201,47 @@ class Snapshot(models.Model):
 
     def __str__(self) -> str:
         return f"{self.id} ({self.name})"
+
+
+class TemplateBuild(models.Model):
+    """One build of a team's template from its spec (``schemas.TemplateBuildIn``): its steps run as
+    commands in a sandbox, each step's result saved as a snapshot, the last one the template.
+
+    ``log`` is the build's output while it runs (its tail, for whoever follows it); when the build
+    ends it is cleared, and only a failed step's output tail stays, in ``error_output``.
+    """
+
+    class State(models.TextChoices):
+        QUEUED = "queued"
+        BUILDING = "building"
+        READY = "ready"
+        FAILED = "failed"
+
+    id = models.CharField(primary_key=True, max_length=32, default=build_id, editable=False)
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="template_builds")
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
+    template = models.ForeignKey(Template, on_delete=models.CASCADE, related_name="builds")
+    spec = models.JSONField(default=dict)
+    state = models.CharField(max_length=10, choices=State.choices, default=State.QUEUED)
+    # [{"name", "state": pending|cached|running|done|failed, "seconds", "snapshot"}], one a step
+    steps = models.JSONField(default=list)
+    log = models.TextField(blank=True)
+    log_total = models.PositiveBigIntegerField(default=0)  # characters ever written to the log (its tail is kept)
+    sandbox = models.ForeignKey("Sandbox", null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    snapshot = models.ForeignKey(Snapshot, null=True, blank=True, on_delete=models.SET_NULL, related_name="+")
+    failed_step = models.IntegerField(null=True, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error = models.CharField(max_length=500, blank=True)
+    error_output = models.TextField(blank=True)
+    created_at = models.DateTimeField(default=timezone.now)
+    updated_at = models.DateTimeField(default=timezone.now)
+    ended_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [models.Index(fields=["team", "created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.id} ({self.template_id})"
 
 
 class Lease(models.Model):

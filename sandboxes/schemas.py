@@ -347,6 +347,10 @@ class TemplateOut(Schema):
     size_bytes: int
     created_at: datetime
     hosts: list[str]
+    public: bool = Field(..., description="provided by the operator to every team (else the team's own, built here)")
+    state: Literal["building", "ready", "failed"] = Field(..., description="building until its first build is done")
+    snapshot: str | None = Field(..., description="a team template: the snapshot its last good build ended with")
+    build: str | None = Field(..., description="its last build's id: GET /templates/{name}/build")
 
 
 class TemplateList(Schema):
@@ -667,3 +671,124 @@ class PortWaited(Schema):
     port: int
     listening: bool = Field(..., description="something in the sandbox accepts connections on it")
     waited_s: float
+
+
+TEMPLATE_NAME = r"^[a-z0-9_][a-z0-9_.\-]{0,63}$"  # the engine's rule for a template's name
+APT_PACKAGE = r"^[a-z0-9][a-z0-9+.\-]{0,127}(=[A-Za-z0-9.+:~\-]{1,64})?$"
+PIP_REQUIREMENT = r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}(\[[A-Za-z0-9._,\-]{1,128}\])?([<>=!~]=?[A-Za-z0-9.*+!\-]{1,64},?){0,4}$"
+NPM_PACKAGE = r"^(@[a-z0-9][a-z0-9._\-]{0,63}/)?[a-z0-9][a-z0-9._\-]{0,127}(@[A-Za-z0-9.^~<>=*+\-]{1,64})?$"
+STEP_KINDS = ("apt", "pip", "npm", "run", "file", "env", "workdir", "user")
+MAX_BUILD_STEPS = 64
+MAX_FILE_STEP_BYTES = 4 * 1024 * 1024
+
+
+class FileStep(Input):
+    path: str = Field(..., min_length=2, max_length=4096, pattern=r"^/[^\x00]*$", description="absolute, in the sandbox")
+    content: str | None = Field(None, description="the file's text (give this or content_b64)")
+    content_b64: str | None = Field(None, description="the file's bytes, base64")
+    mode: int = Field(0o644, ge=0, le=0o7777)
+
+    @model_validator(mode="after")
+    def _one_content(self) -> FileStep:
+        if (self.content is None) == (self.content_b64 is None):
+            raise refuse("FileStep", "content", "give exactly one of content or content_b64", None)
+        if len(self.data()) > MAX_FILE_STEP_BYTES:
+            raise refuse("FileStep", "content", f"a file step holds at most {MAX_FILE_STEP_BYTES} bytes", None)
+        return self
+
+    def data(self) -> bytes:
+        if self.content is not None:
+            return self.content.encode()
+        try:
+            return base64.b64decode(self.content_b64 or "", validate=True)
+        except ValueError:
+            raise refuse("FileStep", "content_b64", "content_b64 is not base64", None) from None
+
+
+class BuildStep(Input):
+    """One step of a build: exactly one of its kinds. ``apt``, ``pip`` and ``npm`` install packages (under the
+    build's network policy), ``run`` runs a command, ``file`` writes a file; ``env``, ``workdir`` and ``user``
+    set what every later step and every sandbox of the template get by default."""
+
+    apt: list[Annotated[str, Field(pattern=APT_PACKAGE)]] | None = Field(None, min_length=1, max_length=200)
+    pip: list[Annotated[str, Field(pattern=PIP_REQUIREMENT)]] | None = Field(None, min_length=1, max_length=200)
+    npm: list[Annotated[str, Field(pattern=NPM_PACKAGE)]] | None = Field(None, min_length=1, max_length=200)
+    run: str | list[Annotated[str, Field(max_length=MAX_COMMAND)]] | None = Field(
+        None, description="a shell command (string) or an argv list"
+    )
+    file: FileStep | None = None
+    env: dict[str, str] | None = None
+    workdir: str | None = Field(None, min_length=1, max_length=4096, pattern=r"^/[^\x00]*$")
+    user: SandboxUser | None = None
+    index_url: str | None = Field(
+        None, max_length=2048, pattern=r"^https?://[^\s\x00]+$", description="pip: the package index to use instead of PyPI"
+    )
+    timeout_s: float = Field(900, gt=0, le=3600, description="the step fails (step_timed_out) if it runs longer")
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> BuildStep:
+        given = [kind for kind in STEP_KINDS if getattr(self, kind) is not None]
+        if len(given) != 1:
+            raise refuse(
+                "BuildStep", "run", f"a step is exactly one of {', '.join(STEP_KINDS)}; this one has {given or 'none'}", None
+            )
+        if self.index_url is not None and given != ["pip"]:
+            raise refuse("BuildStep", "index_url", "index_url goes with a pip step only", self.index_url)
+        if isinstance(self.run, str) and (not self.run.strip() or "\x00" in self.run or len(self.run) > MAX_COMMAND):
+            raise refuse("BuildStep", "run", "a non-empty command without NUL characters", None)
+        if isinstance(self.run, list) and not self.run:
+            raise refuse("BuildStep", "run", "an argv list holds at least the program", None)
+        if self.env is not None:
+            check_env(self.env)
+        return self
+
+    @property
+    def kind(self) -> str:
+        return next(kind for kind in STEP_KINDS if getattr(self, kind) is not None)
+
+
+class TemplateBuildIn(Input):
+    """A template built from a base by steps, in a sandbox: ``POST /templates``. A rebuild of the same spec
+    reuses every step it shares with an earlier build of the team's (each step's result is a snapshot)."""
+
+    name: str = Field(..., pattern=TEMPLATE_NAME, description="the template's name in the team (a rebuild replaces it)")
+    description: str = Field("", max_length=255)
+    base: str = Field(..., min_length=1, max_length=64, description="a template's name (public or the team's), or snapshot:<id>")
+    steps: list[BuildStep] = Field(default_factory=list, max_length=MAX_BUILD_STEPS)
+    services: list[ServiceIn] = Field(
+        default_factory=list, max_length=MAX_SERVICES, description="started, and checked ready, in every sandbox of it"
+    )
+    network_policy: str | None = Field(
+        None,
+        max_length=32,
+        description="the policy the build runs under; by default none, or the team's package-indexes policy "
+        "(Debian, PyPI, npm) when a step installs packages",
+    )
+    size: str = Field("default", max_length=32, description="the build sandbox's size")
+    timeout_s: int = Field(3600, ge=10, le=6 * 3600, description="the whole build fails (build_timed_out) past it")
+
+    @field_validator("services")
+    @classmethod
+    def _services(cls, value: list[ServiceIn]) -> list[ServiceIn]:
+        return _check_services(value)
+
+
+class BuildStepOut(Schema):
+    name: str = Field(..., description="what the step does, as the log names it")
+    kind: str
+    state: Literal["pending", "cached", "running", "done", "failed"]
+    seconds: float | None
+    snapshot: str | None = Field(..., description="the snapshot it ended with")
+
+
+class TemplateBuildOut(Schema):
+    id: str
+    template: str
+    state: Literal["queued", "building", "ready", "failed"]
+    steps: list[BuildStepOut]
+    cached: bool = Field(..., description="every step was taken from an earlier build")
+    failed_step: int | None = Field(..., description="the index of the step that failed")
+    error: ErrorInfo | None
+    error_output: str = Field(..., description="the failed step's output, its last 16 KiB")
+    created_at: datetime
+    ended_at: datetime | None

@@ -23,7 +23,7 @@ from console.models import Team
 from console.pagination import Page, keyset_page
 from console.selectors import limits_of
 
-from .models import ExposedPort, Launch, Lease, NetworkPolicy, Sandbox, Snapshot, Template
+from .models import ExposedPort, Launch, Lease, NetworkPolicy, Sandbox, Snapshot, Template, TemplateBuild
 
 Labelled = TypeVar("Labelled", bound=Model)  # a model with a ``labels`` JSON field
 LAUNCH_ORDER = ("launch_index",)
@@ -116,9 +116,20 @@ def ready_snapshot_locked(team: Team, snapshot_id: str) -> Snapshot:
     return snapshot
 
 
+def visible_templates(team: Team) -> QuerySet[Template]:
+    """The global templates and the team's own, each with its last build's id and the hosts that hold it."""
+    last_build = TemplateBuild.objects.filter(template=OuterRef("pk")).order_by("-created_at", "-id").values("pk")[:1]
+    return (
+        Template.objects.filter(Q(team__isnull=True) | Q(team=team))
+        .select_related("snapshot")
+        .prefetch_related("hosts", "snapshot__hosts")
+        .annotate(last_build_id=Subquery(last_build))
+    )
+
+
 def template_for(team: Team, name: str, *, field: str | None = None) -> Template:
     """A global template, or one of the team's own."""
-    template = Template.objects.filter(Q(team__isnull=True) | Q(team=team), name=name).prefetch_related("hosts").first()
+    template = visible_templates(team).filter(name=name).first()
     if template is None:
         raise not_found("template", name, field=field)
     return template
@@ -338,8 +349,7 @@ def snapshot_children(snapshot: Snapshot, limit: int = 50) -> list[Snapshot]:
 
 def templates_page(team: Team, *, cursor: str | None, limit: int, strict: bool = True) -> Page[Template]:
     """The global templates and the team's own, by name, with the hosts that hold them."""
-    rows = Template.objects.filter(Q(team__isnull=True) | Q(team=team)).prefetch_related("hosts")
-    return keyset_page(rows, cursor=cursor, limit=limit, order=("name", "id"), strict=strict)
+    return keyset_page(visible_templates(team), cursor=cursor, limit=limit, order=("name", "id"), strict=strict)
 
 
 def leases_page(
@@ -558,8 +568,10 @@ def launch_pace(launch: Launch) -> LaunchPace:
 
 
 def snapshot_users(snapshot: Snapshot) -> dict[str, int]:
-    """What keeps a snapshot from being deleted: live forks, and launches from it still starting."""
+    """What keeps a snapshot from being deleted: live forks, launches from it still starting, and the team's
+    templates it is (a built template is its build's last snapshot)."""
     return {
         "forks_alive": Sandbox.objects.filter(snapshot=snapshot, state__in=Sandbox.LIVE).count(),
         "launches_starting": Launch.objects.filter(snapshot=snapshot, state=Launch.State.CREATING).count(),
+        "templates": Template.objects.filter(snapshot=snapshot).count(),
     }

@@ -17,7 +17,7 @@ from sandboxes.engine.errors import Unavailable
 
 from .commands import Command
 from .models import Host
-from .worker import bring_up, dispatch, heartbeat, snapshots, take_down
+from .worker import bring_up, dispatch, heartbeat, snapshots, take_down, template_builds
 
 # Every command: acked once done, given back if its worker dies, its result ignored.
 COMMAND: dict[str, Any] = {"acks_late": True, "reject_on_worker_lost": True, "ignore_result": True}
@@ -47,6 +47,11 @@ def ensure_snapshot_gone(self: Task[Any, Any], host_name: str, snapshot_id: str)
 @shared_task(name=str(Command.DISPATCH_LAUNCH), **COMMAND)
 def dispatch_launch(launch_id: str, sealed_env: str) -> int:
     return dispatch.dispatch(launch_id, sealed_env)
+
+
+@shared_task(name=str(Command.BUILD_TEMPLATE), max_retries=5, **RETRIED)
+def build_template(self: Task[Any, Any], build_id: str) -> str:
+    return template_builds.build(build_id)
 
 
 @shared_task(name=str(Command.REVOKE_DATA_TOKENS), max_retries=20, **RETRIED)

@@ -49,7 +49,7 @@ from billing.services import close_periods, gib_of, open_periods, open_running_p
 from console.db import one_writer, update_each
 
 from . import notify
-from .models import ExposedPort, Host, Launch, Lease, Sandbox, Snapshot
+from .models import ExposedPort, Host, Launch, Lease, Sandbox, Snapshot, Template, TemplateBuild
 
 S, L, N, E = Sandbox.State, Launch.State, Snapshot.State, Lease.State
 Row = TypeVar("Row", bound=models.Model)
@@ -586,3 +586,43 @@ def over_leases_taken_down(*, lease: Lease | None = None, host: Host | None = No
         outcome.add(Destroying(stopping=stopping))
     outcome.add(sandboxes_destroy_requested(list(members.values_list("pk", flat=True)[:limit])))
     return outcome
+
+
+# --- template builds ---------------------------------------------------------------------------
+
+
+def template_build_failed(build: TemplateBuild, *, code: str, message: str, step: int | None = None, output: str = "") -> None:
+    """The build ends failed (its log cleared, the failed step's output tail kept); its template too if no
+    earlier build of it is ready."""
+    now = timezone.now()
+    steps = list(build.steps)
+    if step is not None and step < len(steps):
+        steps[step] = {**steps[step], "state": "failed"}
+    TemplateBuild.objects.filter(pk=build.pk).exclude(state=TemplateBuild.State.READY).update(
+        state=TemplateBuild.State.FAILED,
+        steps=steps,
+        failed_step=step,
+        error_code=code[:64],
+        error=message[:500],
+        error_output=output[-16384:],
+        log="",
+        ended_at=now,
+        updated_at=now,
+    )
+    Template.objects.filter(pk=build.template_id, snapshot__isnull=True).update(state=Template.State.FAILED, updated_at=now)
+
+
+def template_build_ready(build: TemplateBuild, snapshot: Snapshot, description: str) -> None:
+    """The build's last snapshot is its template now (the log cleared)."""
+    now = timezone.now()
+    with transaction.atomic():
+        Template.objects.filter(pk=build.template_id).update(
+            state=Template.State.READY,
+            snapshot=snapshot,
+            size_bytes=snapshot.total_bytes,
+            description=description,
+            updated_at=now,
+        )
+        TemplateBuild.objects.filter(pk=build.pk).update(
+            state=TemplateBuild.State.READY, snapshot=snapshot, log="", ended_at=now, updated_at=now
+        )

@@ -15,7 +15,7 @@ from console.selectors import limits_of
 
 from .. import selectors
 from ..gateway_access import Access, data_path
-from ..models import Launch, Lease, NetworkPolicy, Sandbox, Snapshot, Template
+from ..models import Launch, Lease, NetworkPolicy, Sandbox, Snapshot, Template, TemplateBuild
 
 Row = TypeVar("Row", bound=Model)
 END_REASONS = Sandbox.END_REASONS
@@ -133,7 +133,36 @@ def template_out(template: Template) -> dict[str, Any]:
         "description": template.description,
         "size_bytes": template.size_bytes,
         "created_at": template.created_at,
-        "hosts": sorted(host.name for host in template.hosts.all()),
+        "hosts": sorted(host.name for host in (template.snapshot.hosts if template.snapshot else template.hosts).all()),
+        "public": template.team_id is None,
+        "state": template.state,
+        "snapshot": template.snapshot_id,
+        "build": getattr(template, "last_build_id", None),
+    }
+
+
+def build_out(build: TemplateBuild) -> dict[str, Any]:
+    steps = [
+        {
+            "name": step["name"],
+            "kind": step["kind"],
+            "state": step["state"],
+            "seconds": step.get("seconds"),
+            "snapshot": step.get("snapshot"),
+        }
+        for step in build.steps
+    ]
+    return {
+        "id": build.pk,
+        "template": build.template.name,
+        "state": build.state,
+        "steps": steps,
+        "cached": build.state == TemplateBuild.State.READY and all(step["state"] == "cached" for step in steps),
+        "failed_step": build.failed_step,
+        "error": {"code": build.error_code, "message": build.error} if build.error_code else None,
+        "error_output": build.error_output,
+        "created_at": build.created_at,
+        "ended_at": build.ended_at,
     }
 
 

@@ -43,10 +43,11 @@ from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from . import faults, fork_services, layers
+from . import faults, fork_services, layers, users
 from .cgroups import Cgroups
 from .config import EngineConfig
 from .errors import InvalidRequest, SandboxNotRunning, TemplateExists, TemplateNotFound
+from .execution import validate_env
 from .recovery import init_alive
 from .store import SandboxRecord, Store, TemplateRecord
 from .template_store import TemplateStore, layer_directory_name, validate_name
@@ -114,6 +115,7 @@ class Snapshots:
         engine = self.engine
         name = validate_name(args.get("name"))
         added = fork_services.validate(args.get("services"))
+        defaults = _defaults(args.get("defaults"))
         record = engine.find(args.get("sandbox"))
         source = f"sandbox:{record.id}"
         existing = next((template for template in engine.templates.list() if template.name == name), None)
@@ -135,7 +137,7 @@ class Snapshots:
         # A create or destroy in flight finishes first; a destroy or another
         # snapshot waits for this one.
         async with engine.exclusive(record.id):
-            return await self._take(record, name, parent, merged_services(parent.services, added), source, progress)
+            return await self._take(record, name, parent, merged_services(parent.services, added), source, progress, defaults)
 
     async def _take(
         self,
@@ -145,6 +147,7 @@ class Snapshots:
         wanted: list[dict[str, Any]],
         source: str,
         progress: Progress,
+        defaults: dict[str, Any],
     ) -> TemplateRecord:
         engine = self.engine
         proc = str(self.config.proc_dir)
@@ -206,9 +209,9 @@ class Snapshots:
         snapshot = TemplateRecord(
             name=name,
             layers=stack,
-            env=dict(parent.env),
-            workdir=parent.workdir,
-            user=parent.user,
+            env={**parent.env, **defaults.get("env", {})},
+            workdir=defaults.get("workdir") or parent.workdir,
+            user=defaults["user"] if "user" in defaults else parent.user,
             source=source,
             size_bytes=copy.total_bytes,
             created_at=time.time(),
@@ -339,3 +342,23 @@ class Snapshots:
             raise InvalidRequest(f"the archive lacks layers this host does not have: {', '.join(missing)}", field="body")
         engine.templates.put(record)
         return record
+
+
+def _defaults(raw: Any) -> dict[str, Any]:
+    """What a snapshot changes of its forks' defaults (a template build's ``env``, ``workdir``, ``user``
+    steps): ``env`` is added to the parent's, the others replace it."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict) or set(raw) - {"env", "workdir", "user"}:
+        raise InvalidRequest("defaults takes env, workdir and user only", field="defaults")
+    defaults: dict[str, Any] = {}
+    if "env" in raw:
+        defaults["env"] = validate_env(raw["env"], "defaults.env")
+    if "workdir" in raw:
+        workdir = raw["workdir"]
+        if not isinstance(workdir, str) or not workdir.startswith("/") or len(workdir) > 4096 or "\0" in workdir:
+            raise InvalidRequest("defaults.workdir must be an absolute path", field="defaults.workdir")
+        defaults["workdir"] = workdir
+    if "user" in raw:
+        defaults["user"] = users.validate(raw["user"]) or ""
+    return defaults

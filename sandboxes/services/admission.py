@@ -18,7 +18,7 @@ from typing import Any
 from billing.budgets import admit_spend
 from billing.models import Price
 from billing.services import hourly_price
-from console.errors import BeyondCapacity, OverLimit, Unavailable, invalid, not_found
+from console.errors import BeyondCapacity, Conflict, OverLimit, Unavailable, invalid, not_found
 from console.models import ApiKey, Team
 from console.selectors import limits_of
 
@@ -121,7 +121,18 @@ def admit(*, team: Team, spec: SandboxCreate, count: int = 1, key: ApiKey | None
             raise not_found("snapshot", spec.snapshot, field="snapshot")
         template = snapshot.template
     else:
-        template = selectors.template_for(team, spec.template or "", field="template").name
+        found = selectors.template_for(team, spec.template or "", field="template")
+        template = found.name
+        if found.team_id is not None:
+            # A team's template is the last snapshot of its build: a create from it is a fork of that.
+            snapshot = found.snapshot
+            if found.state != found.State.READY or snapshot is None or snapshot.state != Snapshot.State.READY:
+                raise Conflict(
+                    "template_not_ready",
+                    f"template {found.name!r} is {found.state}: GET /templates/{found.name}/build shows its build",
+                    details={"state": found.state},
+                )
+            template = snapshot.template
     shape = sizes.shape_of(spec.size, spec.cpu, spec.memory_mib)
     _check_fits_a_host(shape)
     limits = limits_of(team)

@@ -92,8 +92,9 @@ def snapshot_delete(*, snapshot: Snapshot) -> Snapshot:
         if any(users.values()):
             raise Conflict(
                 "snapshot_in_use",
-                f"snapshot {locked.pk} is in use by {users['forks_alive']} live sandboxes and "
-                f"{users['launches_starting']} starting launches: destroy them first",
+                f"snapshot {locked.pk} is in use by {users['forks_alive']} live sandboxes, "
+                f"{users['launches_starting']} starting launches and {users['templates']} templates: "
+                "destroy or delete them first",
                 details=users,
             )
         transitions.snapshot_deleted(locked)

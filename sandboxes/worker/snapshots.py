@@ -53,8 +53,9 @@ def snapshot_take(host: Host, snapshot_id: str) -> str:
         transitions.snapshot_failed(snapshot, code="sandbox_not_running", message=message)
         return Snapshot.State.FAILED
     try:
+        extra = {"defaults": snapshot.defaults} if snapshot.defaults else {}
         record = engine_link.engine(host.engine_socket).call(
-            "snapshots.create", sandbox=source.engine_id, name=snapshot.pk, services=snapshot.services
+            "snapshots.create", sandbox=source.engine_id, name=snapshot.pk, services=snapshot.services, **extra
         )
     except engine_errors.Unavailable:
         raise  # retried: the engine's create is idempotent on the name

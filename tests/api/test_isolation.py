@@ -17,8 +17,9 @@ The document lists 403 among every operation's answers (the shared error
 table); team B's key is an admin's, so no call here is refused for its role,
 and every one must answer 404 with the object's ``*_not_found`` code. Templates
 are the one shared kind: a global template is every team's by design (checked
-below); no endpoint makes a team's own template yet, so team A's is made in the
-database, where the model and the selectors already keep them per team.
+below); team A's own is made in the database (a build through the API is
+tests/api/test_template_builds.py's), where the model and the selectors keep
+them per team.
 """
 
 from __future__ import annotations
@@ -218,8 +219,8 @@ def objects_of_a(stack: Any, judge: dict[str, Any]) -> Iterator[dict[str, Any]]:
         # An exposed port of team A's (key auth): team B must neither list, close nor re-expose it.
         exposed = api.post(f"/api/v1/sandboxes/{made['running']}/ports", json={"port": 8080, "auth": "key"})
         assert exposed.status_code == 201, exposed.text
-        # No endpoint makes a team's own template yet, but the model has them (and the
-        # selectors look templates up within the team): make one in the database.
+        # A team's own template, made in the database (builds are test_template_builds.py's):
+        # the selectors look templates up within the team.
         made["template"] = f"a-private-{tag}"
         stack.shell(
             "from sandboxes.models import Template; "
@@ -404,6 +405,21 @@ def test_collection_endpoints_never_reach_another_teams_objects(stack, team_b, o
             refused(intruder.post(path, json={**base, "template": made["template"]}), "template_not_found", "template")
             refused(intruder.post(path, json={**base, "template": "base", "lease": made["lease"]}), "lease_not_found", "lease")
             handled.add(("POST", path))
+        # A template build from team A's template or snapshot, or under its policy: refused, nothing built.
+        build = {"name": f"b-{tag}", "steps": [{"run": "true"}]}
+        refused(intruder.post("/api/v1/templates", json={**build, "base": made["template"]}), "template_not_found", "base")
+        refused(
+            intruder.post("/api/v1/templates", json={**build, "base": f"snapshot:{made['snapshot']}"}),
+            "snapshot_not_found",
+            "base",
+        )
+        refused(
+            intruder.post("/api/v1/templates", json={**build, "base": "base", "network_policy": made["policy"]}),
+            "network_policy_not_found",
+            "network_policy",
+        )
+        assert intruder.get(f"/api/v1/templates/b-{tag}").status_code == 404
+        handled.add(("POST", "/api/v1/templates"))
         # A batch naming team A's sandboxes runs nothing in them: each is not found, as nobody's is.
         sandbox_ids = made["values"]["sandbox_id"]
         lines = intruder.post("/api/v1/exec", json={"cmd": f"echo pwned > {FILE}", "sandbox_ids": sandbox_ids})
@@ -479,7 +495,9 @@ def test_collection_endpoints_never_reach_another_teams_objects(stack, team_b, o
         # Inference: team A's endpoint is no model of team B's (the same answer as a model nobody serves),
         # and a grade naming it is refused whole; team A's endpoints and grades are in no list of B's.
         for model in (made["endpoint_name"], "no-such-model-anywhere"):
-            called = intruder.post("/api/v1/inference/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "x"}]})
+            called = intruder.post(
+                "/api/v1/inference/chat/completions", json={"model": model, "messages": [{"role": "user", "content": "x"}]}
+            )
             assert called.status_code == 404 and called.json()["error"]["code"] == "model_not_found", called.text
         handled.add(("POST", "/api/v1/inference/chat/completions"))
         models = intruder.get("/api/v1/inference/models")
@@ -488,7 +506,12 @@ def test_collection_endpoints_never_reach_another_teams_objects(stack, team_b, o
         handled.add(("GET", "/api/v1/inference/models"))
         graded = intruder.post(
             "/api/v1/grades",
-            json={"model": made["endpoint_name"], "rubric": [{"role": "user", "content": "x"}], "schema": {"type": "object", "properties": {"score": {"type": "number"}}, "required": ["score"]}, "items": [{}]},
+            json={
+                "model": made["endpoint_name"],
+                "rubric": [{"role": "user", "content": "x"}],
+                "schema": {"type": "object", "properties": {"score": {"type": "number"}}, "required": ["score"]},
+                "items": [{}],
+            },
         )
         assert graded.status_code == 404 and graded.json()["error"]["code"] == "model_not_found", graded.text
         handled.add(("POST", "/api/v1/grades"))
