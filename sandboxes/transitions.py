@@ -592,8 +592,8 @@ def over_leases_taken_down(*, lease: Lease | None = None, host: Host | None = No
 
 
 def template_build_failed(build: TemplateBuild, *, code: str, message: str, step: int | None = None, output: str = "") -> None:
-    """The build ends failed (its log cleared, the failed step's output tail kept); its template too if no
-    earlier build of it is ready."""
+    """The build ends failed (the failed step's output tail kept in ``error_output``); its template too if
+    no earlier build of it is ready."""
     now = timezone.now()
     steps = list(build.steps)
     if step is not None and step < len(steps):
@@ -605,7 +605,6 @@ def template_build_failed(build: TemplateBuild, *, code: str, message: str, step
         error_code=code[:64],
         error=message[:500],
         error_output=output[-16384:],
-        log="",
         ended_at=now,
         updated_at=now,
     )
@@ -613,7 +612,7 @@ def template_build_failed(build: TemplateBuild, *, code: str, message: str, step
 
 
 def template_build_ready(build: TemplateBuild, snapshot: Snapshot, description: str) -> None:
-    """The build's last snapshot is its template now (the log cleared)."""
+    """The build's last snapshot is its template now."""
     now = timezone.now()
     with transaction.atomic():
         Template.objects.filter(pk=build.template_id).update(
@@ -624,5 +623,5 @@ def template_build_ready(build: TemplateBuild, snapshot: Snapshot, description: 
             updated_at=now,
         )
         TemplateBuild.objects.filter(pk=build.pk).update(
-            state=TemplateBuild.State.READY, snapshot=snapshot, log="", ended_at=now, updated_at=now
+            state=TemplateBuild.State.READY, snapshot=snapshot, ended_at=now, updated_at=now
         )

@@ -92,7 +92,8 @@ async def get_build(request: HttpRequest, name: str) -> dict[str, Any]:
 async def follow_build(request: HttpRequest, name: str) -> StreamingHttpResponse:
     """Newline-delimited JSON until the build ends: `{"type": "log", "text"}` with its output as it comes,
     `{"type": "build", "build"}` whenever a step moves, and last `{"type": "end", "build"}`. The output is
-    kept only while the build runs (a failed step's tail stays in the build's `error_output`)."""
+    kept while the build runs and two minutes after (for a follower that comes late), then cleared; a
+    failed step's tail stays in the build's `error_output`."""
     build = await db(_last_build)(key_of(request).team, name)
     return StreamingHttpResponse(_follow(build.pk), content_type="application/x-ndjson")
 

@@ -42,6 +42,7 @@ from ..models import Host, Sandbox
 from .bring_up import is_at_work
 from .leases import expire_leases
 from .snapshots import requeue_stuck_snapshots
+from .template_builds import forget_ended_logs, requeue_stuck_builds
 
 S = Sandbox.State
 
@@ -67,7 +68,8 @@ def reconcile(host: Host) -> dict[str, int]:
     _claim_the_unclaimed(
         host, client, {engine_id: record for engine_id, record in live.items() if engine_id not in claimed}, counts
     )
-    counts["requeued"] = _requeue_stuck(host) + requeue_stuck_snapshots(host)
+    counts["requeued"] = _requeue_stuck(host) + requeue_stuck_snapshots(host) + requeue_stuck_builds()
+    counts["build_logs_cleared"] = forget_ended_logs()
     counts["billing_fixed"] = reconcile_billing(host)
     counts["lease_destroyed"] = lease_destroyed
     return counts

@@ -15,11 +15,15 @@ every step up to it. So:
    carries them as the defaults of every later fork (the engine's template
    record), so later steps and the template's sandboxes get them.
 4. The last snapshot (with the spec's services, if any) becomes the
-   template; the log is cleared. A failed step names itself and keeps its
-   output's tail; the sandbox is destroyed whatever happened.
+   template. A failed step names itself and keeps its output's tail; the
+   sandbox is destroyed whatever happened. The log stays ``LOG_KEPT_S``
+   after the end, for a follower that connects late, then the host agent
+   clears it (``forget_ended_logs``).
 
 The command is safe to replay: a build that is ready or failed is left
-alone, and a replayed one starts again from the steps already saved.
+alone, and a replayed one starts again from the steps already saved. A
+build its worker lost (still building ``STUCK_AFTER`` after it last wrote)
+is queued again by the host agent (``requeue_stuck_builds``).
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import json
 import logging
 import shlex
 import time
+from datetime import datetime, timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -37,7 +42,7 @@ from django.utils import timezone
 from console.errors import Refused
 from sandboxes.engine import errors as engine_errors
 
-from .. import engine_link, placement, selectors, sizes, transitions
+from .. import commands, engine_link, placement, selectors, sizes, transitions
 from ..models import Sandbox, Snapshot, TemplateBuild
 from ..schemas import BuildStep, TemplateBuildIn
 from . import bring_up, take_down
@@ -47,6 +52,8 @@ log = logging.getLogger("forkyard.templates")
 
 LOG_TAIL = 64 * 1024  # of a running build's log, kept for whoever follows it
 LOG_EVERY_S = 0.25  # the log is written at most this often
+LOG_KEPT_S = 120  # an ended build's log, for a follower that connects late
+STUCK_AFTER = timedelta(minutes=10)  # at least: a silent step may run up to its timeout_s
 APT = (
     "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends"
     ' "$@" && apt-get clean && rm -rf /var/lib/apt/lists/*'
@@ -281,3 +288,29 @@ def build(build_id: str) -> str:
     transitions.template_build_ready(row, last, spec.description)
     log.info("template %s built (%s): %s", row.template.name, row.pk, last.pk)
     return TemplateBuild.State.READY
+
+
+def forget_ended_logs() -> int:
+    """Clear the logs of builds that ended more than ``LOG_KEPT_S`` ago; how many."""
+    before = timezone.now() - timedelta(seconds=LOG_KEPT_S)
+    return TemplateBuild.objects.filter(ended_at__lt=before).exclude(log="").update(log="")
+
+
+def _silent_for_too_long(build: TemplateBuild, now: datetime) -> bool:
+    """Longer than its longest step may run without a word (each step writes when it starts and as its
+    output comes), and at least ``STUCK_AFTER``."""
+    longest = max((float(step.get("timeout_s", 900)) for step in build.spec.get("steps", [])), default=0.0)
+    return build.updated_at < now - max(STUCK_AFTER, timedelta(seconds=longest + 60))
+
+
+def requeue_stuck_builds() -> int:
+    """Builds whose worker went silent (a worker or broker died): queued again; how many."""
+    now = timezone.now()
+    candidates = TemplateBuild.objects.filter(
+        state__in=(TemplateBuild.State.QUEUED, TemplateBuild.State.BUILDING), updated_at__lt=now - STUCK_AFTER
+    )[:100]
+    stuck = [build.pk for build in candidates if _silent_for_too_long(build, now)][:20]
+    for build_id in stuck:
+        TemplateBuild.objects.filter(pk=build_id).update(updated_at=timezone.now())
+        commands.build_template(build_id)
+    return len(stuck)

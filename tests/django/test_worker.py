@@ -19,7 +19,7 @@ from billing.models import UsagePeriod
 from sandboxes import commands
 from sandboxes.commands import Command
 from sandboxes.engine import errors as engine_errors
-from sandboxes.models import Host, Launch, Lease, Sandbox, Snapshot
+from sandboxes.models import Host, Launch, Lease, Sandbox, Snapshot, Template, TemplateBuild
 from sandboxes.schemas import SandboxCreate
 from sandboxes.services.launches import launch_create, launch_destroy
 from sandboxes.services.sandboxes import sandbox_destroy
@@ -279,7 +279,28 @@ def test_reconcile_brings_the_record_and_the_engine_back_together(cluster: Any, 
         "requeued": 0,
         "billing_fixed": 0,
         "lease_destroyed": 0,
+        "build_logs_cleared": 0,
     }
+
+
+def test_reconcile_clears_ended_builds_logs_and_requeues_a_build_its_worker_lost(cluster: Any, team: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    template = Template.objects.create(team=team, name="built", state=Template.State.BUILDING)
+    now = timezone.now()
+    ended = TemplateBuild.objects.create(
+        team=team, template=template, state="failed", log="old output", ended_at=now - timedelta(minutes=5)
+    )
+    just_ended = TemplateBuild.objects.create(team=team, template=template, state="ready", log="fresh output", ended_at=now)
+    lost = TemplateBuild.objects.create(team=team, template=template, state="building", log="half way")
+    slow = TemplateBuild.objects.create(
+        team=team, template=template, state="building", spec={"steps": [{"run": "make", "timeout_s": 3600}]}
+    )
+    TemplateBuild.objects.filter(pk__in=[lost.pk, slow.pk]).update(updated_at=now - timedelta(minutes=30))
+    counts = reconcile.reconcile(host)
+    assert (counts["build_logs_cleared"], counts["requeued"]) == (1, 1)
+    assert [TemplateBuild.objects.get(pk=row.pk).log for row in (ended, just_ended, lost)] == ["", "fresh output", "half way"]
+    assert sent.named(Command.BUILD_TEMPLATE) == [[lost.pk]], "a step may run silent for its timeout_s"
+    assert reconcile.reconcile(host)["requeued"] == 0, "queued again once, not at every pass"
 
 
 def test_reconcile_expires_silent_leases_and_takes_down_what_they_held(
