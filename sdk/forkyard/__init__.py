@@ -30,6 +30,7 @@ from ._grading import DedicatedEndpoint, Grade, GradedItem, Reward
 from ._http import RateLimit, RetryPolicy
 from ._lifetime import LeaseOptions
 from ._pages import Page
+from ._templates import TemplateSpec
 from ._version import __version__
 from .aio import (
     AsyncClient,
@@ -54,6 +55,7 @@ from .errors import (
     RateLimited,
     ServerError,
     SnapshotFailed,
+    TemplateBuildFailed,
     Unauthorized,
     Unavailable,
     UnknownOption,
@@ -64,6 +66,7 @@ from .models import (
     ApiKey,
     BatchResult,
     BatchSummary,
+    BuildStep,
     CreatedKey,
     DeniedAttempt,
     EgressRule,
@@ -82,6 +85,7 @@ from .models import (
     ProcessStream,
     Service,
     Template,
+    TemplateBuild,
     Usage,
     WatchEvent,
     WhoAmI,
@@ -143,6 +147,10 @@ __all__ = [
     "Snapshot",
     "SnapshotFailed",
     "Template",
+    "TemplateBuild",
+    "TemplateBuildFailed",
+    "TemplateSpec",
+    "BuildStep",
     "Unauthorized",
     "Unavailable",
     "UnknownOption",

@@ -512,6 +512,27 @@ def get_template(name: str) -> Call:
     return Call("GET", f"/templates/{_segment(name)}")
 
 
+def start_template_build(spec: Mapping[str, Any]) -> Call:
+    """Start a build of one of the team's templates from a spec (``TemplateSpec.to_api`` makes one); the build,
+    at once. ``fy.templates.build`` starts one and waits for it."""
+    return Call("POST", "/templates", json=dict(spec))
+
+
+def get_template_build(name: str) -> Call:
+    """The last build of one of the team's templates: its steps, state and, once failed, its error."""
+    return Call("GET", f"/templates/{_segment(name)}/build")
+
+
+def follow_template_build(name: str) -> Call:
+    """The build's log as it comes, newline-delimited JSON, until it ends."""
+    return Call("GET", f"/templates/{_segment(name)}/build/logs", read_timeout_s=60)
+
+
+def delete_template(name: str) -> Call:
+    """Delete one of the team's templates; ``Conflict`` (``template_in_use``) while sandboxes of it live."""
+    return Call("DELETE", f"/templates/{_segment(name)}")
+
+
 def list_snapshots(state: str | None, label: str | None, limit: int, cursor: str | None, before: str | None = None) -> Call:
     params = {"state": state, "label": label, "limit": limit, "cursor": cursor, "before": before}
     return Call("GET", "/snapshots", params=params)

@@ -12,9 +12,10 @@ from typing import Any
 from . import _forward
 from . import _terminal as out
 from ._calls import ExecOptions, ProcessOptions, SandboxOptions
+from ._templates import TemplateSpec
 from .client import Client, Files, Launch, Process, Sandbox, Snapshot
-from .errors import ForkyardError
-from .models import ExecResult, ProcessOutput, Service
+from .errors import ForkyardError, InvalidRequest, TemplateBuildFailed
+from .models import ExecResult, ProcessOutput, Service, TemplateBuild
 
 Handler = Callable[[Client, argparse.Namespace], int]
 TIMED_OUT_EXIT = 124  # what timeout(1) exits with
@@ -448,7 +449,50 @@ def keys(fy: Client, args: argparse.Namespace) -> int:
     return 0
 
 
+def build(fy: Client, args: argparse.Namespace) -> int:
+    """Build a template from a spec file (a ``POST /templates`` body, as JSON): each step's progress on
+    stderr as it moves, its output too with ``--logs``; the template once ready."""
+    given, spec = TemplateSpec.from_file(args.spec)
+    name = args.name or given.get("name")
+    if not name:
+        raise InvalidRequest("missing_name", 'name the template: --name, or a "name" in the spec', field="name")
+    shown: dict[int, str] = {}
+
+    def progress(build: TemplateBuild) -> None:
+        for index, step in enumerate(build.steps):
+            if shown.get(index) == step.state or step.state == "pending":
+                continue
+            shown[index] = step.state
+            took = f" ({step.seconds:.1f} s)" if step.seconds and step.state == "done" else ""
+            print(f"[{index + 1}/{len(build.steps)}] {step.name}: {step.state}{took}", file=sys.stderr, flush=True)
+
+    def log(text: str) -> None:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+    try:
+        template = fy.templates.build(
+            name, spec, description=args.description or given.get("description", ""), on_progress=progress,
+            on_log=log if args.logs else None,
+        )  # fmt: skip
+    except TemplateBuildFailed as failed:
+        if failed.output and not args.logs:
+            sys.stderr.write(failed.output if failed.output.endswith("\n") else failed.output + "\n")
+        raise
+    if _json_mode(args):
+        out.print_json(template)
+    else:
+        print(template.name)
+    return 0
+
+
 def templates(fy: Client, args: argparse.Namespace) -> int:
+    if args.delete:
+        if not args.name:
+            raise InvalidRequest("missing_name", "--delete needs the template's name", field="name")
+        fy.templates.delete(args.name)
+        print(f"deleted {args.name}")
+        return 0
     found = [fy.templates.get(args.name)] if args.name else fy.templates.list().items
     if _json_mode(args):
         out.print_json(found)

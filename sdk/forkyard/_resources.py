@@ -17,7 +17,9 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 from . import _calls as calls
 from ._http import AsyncSender, Call, RateLimit, Sender
 from ._pages import Page
-from .models import ApiKey, CreatedKey, Lease, NetworkPolicy, Template, Usage, WhoAmI
+from ._templates import BuildFollower, TemplateSpec, raise_if_build_failed
+from .errors import Unavailable
+from .models import ApiKey, CreatedKey, Lease, NetworkPolicy, Template, TemplateBuild, Usage, WhoAmI
 
 P = ParamSpec("P")
 T = TypeVar("T")
@@ -87,10 +89,82 @@ def _nothing(_: Any) -> None:
 
 
 class Templates(Resource[S]):
-    """``fy.templates``: the root filesystems sandboxes start from."""
+    """``fy.templates``: the root filesystems sandboxes start from, and the team's own builds of them."""
 
     list = Endpoint(calls.list_templates, _page("templates", Template.from_api))
     get = Endpoint(calls.get_template, Template.from_api)
+    delete = Endpoint(calls.delete_template, _nothing)
+    start_build = Endpoint(calls.start_template_build, TemplateBuild.from_api)
+    last_build = Endpoint(calls.get_template_build, TemplateBuild.from_api)
+
+    @overload
+    def build(
+        self: Templates[Sender],
+        name: str,
+        spec: TemplateSpec,
+        *,
+        description: str = "",
+        timeout_s: float | None = None,
+        on_log: Callable[[str], None] | None = None,
+        on_progress: Callable[[TemplateBuild], None] | None = None,
+    ) -> Template: ...
+
+    @overload
+    def build(
+        self: Templates[AsyncSender],
+        name: str,
+        spec: TemplateSpec,
+        *,
+        description: str = "",
+        timeout_s: float | None = None,
+        on_log: Callable[[str], None] | None = None,
+        on_progress: Callable[[TemplateBuild], None] | None = None,
+    ) -> Awaitable[Template]: ...
+
+    def build(
+        self,
+        name: str,
+        spec: TemplateSpec,
+        *,
+        description: str = "",
+        timeout_s: float | None = None,
+        on_log: Callable[[str], None] | None = None,
+        on_progress: Callable[[TemplateBuild], None] | None = None,
+    ) -> Template | Awaitable[Template]:
+        """Build the team's template ``name`` from ``spec`` and wait for it: its output goes to ``on_log`` as
+        it comes, each move of its steps to ``on_progress``; the template, once ready. A failed build raises
+        ``TemplateBuildFailed`` (its ``output``: the failed step's). Steps an earlier build of the team
+        already ran the same way are reused, so a rebuild of the same spec is ready at once."""
+        body = spec.to_api(name, description=description, timeout_s=timeout_s)
+        follower = BuildFollower(on_log, on_progress)
+        sender = self._sender
+        if isinstance(sender, AsyncSender):
+            return self._build_async(sender, name, body, follower)
+        sender.json(calls.start_template_build(body))
+        while follower.ended is None:
+            try:
+                with sender.stream(calls.follow_template_build(name)) as response:
+                    for line in response.iter_lines():
+                        if follower.feed(line):
+                            break
+            except Unavailable:
+                continue  # cut off: the stream starts over (its log from what the server still keeps)
+        raise_if_build_failed(follower.ended)
+        return Template.from_api(sender.json(calls.get_template(name)))
+
+    @staticmethod
+    async def _build_async(sender: AsyncSender, name: str, body: dict[str, Any], follower: BuildFollower) -> Template:
+        await sender.json(calls.start_template_build(body))
+        while follower.ended is None:
+            try:
+                async with sender.stream(calls.follow_template_build(name)) as response:
+                    async for line in response.aiter_lines():
+                        if follower.feed(line):
+                            break
+            except Unavailable:
+                continue
+        raise_if_build_failed(follower.ended)
+        return Template.from_api(await sender.json(calls.get_template(name)))
 
 
 class NetworkPolicies(Resource[S]):

@@ -9,6 +9,7 @@
     forkyard snapshot sb_123 --name web-ready \
         --service 'web=httpd -f -p 8080 -h /srv' --ready web=tcp:8080   # waits until it is ready
     forkyard launch --snapshot snap_456 --count 100 --wait              # fork it 100 times
+    forkyard build env.json --logs                      # a template from a spec file, step by step
 
 FORKYARD_URL and FORKYARD_API_KEY say where and who; ``--url`` and
 ``--api-key`` override them, ``--json`` prints what the API answered.  An
@@ -26,6 +27,7 @@ from typing import Any
 
 from ._commands import (
     Handler,
+    build,
     create,
     exec_command,
     files,
@@ -281,7 +283,15 @@ def build_parser() -> argparse.ArgumentParser:
     create_key.add_argument("--role", choices=["member", "admin"], default="member")
     actions.add_parser("revoke", parents=[common]).add_argument("key")
 
-    command("templates", templates, "list templates, or show one").add_argument("name", nargs="?")
+    sub = command("templates", templates, "list templates, or show or delete one")
+    sub.add_argument("name", nargs="?")
+    sub.add_argument("--delete", action="store_true", help="delete the team's template NAME")
+
+    sub = command("build", build, "build a template from a spec file, showing each step")
+    sub.add_argument("spec", help='a JSON file: {"name", "base", "steps": [{"apt": [...]}, {"run": "..."}], "services"}')
+    sub.add_argument("--name", help="the template's name (else the spec's)")
+    sub.add_argument("--description")
+    sub.add_argument("--logs", action="store_true", help="print the build's output as it comes (on stderr)")
 
     sub = command("usage", usage, "sandbox-seconds and cost")
     sub.add_argument("--start", type=_time)

@@ -108,6 +108,13 @@ class SnapshotFailed(ForkyardError):
     ``too_large``...), ``details["snapshot"]`` names it."""
 
 
+class TemplateBuildFailed(ForkyardError):
+    """A template build being waited for failed: ``code`` says why (``step_failed``, ``step_timed_out``...),
+    ``details`` name the ``build`` and its ``failed_step``, and ``output`` is that step's output (its tail)."""
+
+    output: str = ""
+
+
 class WaitTimeout(ForkyardError, TimeoutError):
     """A wait in the SDK (a launch, a sandbox still starting) ran past its timeout."""
 

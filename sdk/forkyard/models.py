@@ -461,11 +461,53 @@ class LaunchProgress(ApiValue):
 
 @dataclass(frozen=True)
 class Template(ApiValue):
+    """A template sandboxes start from: a public one (the operator's), or one the team built
+    (``fy.templates.build``): then ``snapshot`` is its last good build's and ``build`` that build's id."""
+
     name: str
     description: str = ""
     size_bytes: int = 0
     created_at: datetime | None = None
     hosts: list[str] = field(default_factory=list)
+    public: bool = True
+    state: str = "ready"
+    snapshot: str | None = None
+    build: str | None = None
+
+
+@dataclass(frozen=True)
+class BuildStep(ApiValue):
+    """One step of a template build: ``pending``, ``cached`` (an earlier build's snapshot of the same
+    steps was reused), ``running``, ``done`` or ``failed``."""
+
+    name: str
+    kind: str
+    state: str
+    seconds: float | None = None
+    snapshot: str | None = None
+
+
+@dataclass(frozen=True)
+class TemplateBuild(ApiValue):
+    """A build of a team's template; once ``failed``, ``failed_step``, ``error`` and ``error_output`` (the
+    failed step's output, its tail) say what went wrong."""
+
+    CONVERT = {"steps": _each(BuildStep), "error": lambda value: ErrorInfo.from_api(value) if value else None}
+
+    id: str
+    template: str
+    state: str
+    steps: list[BuildStep] = field(default_factory=list)
+    cached: bool = False
+    failed_step: int | None = None
+    error: ErrorInfo | None = None
+    error_output: str = ""
+    created_at: datetime | None = None
+    ended_at: datetime | None = None
+
+    @property
+    def ended(self) -> bool:
+        return self.state in ("ready", "failed")
 
 
 @dataclass(frozen=True)
