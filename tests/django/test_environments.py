@@ -1,0 +1,29 @@
+"""The shipped environments (sandboxes/environments/*.json) are specs the API accepts, each named as its file."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sandboxes.schemas import TemplateBuildIn
+from sandboxes.worker.template_builds import step_command
+
+SPECS = sorted((Path(__file__).resolve().parents[2] / "sandboxes" / "environments").glob("*.json"))
+
+
+def test_there_are_shipped_environments() -> None:
+    assert {path.stem for path in SPECS} >= {"python", "node"}
+
+
+@pytest.mark.parametrize("path", SPECS, ids=lambda path: path.stem)
+def test_each_is_a_spec_the_api_accepts(path: Path) -> None:
+    spec = TemplateBuildIn.model_validate(json.loads(path.read_text()))
+    assert spec.name == path.stem
+    assert spec.base == "debian"
+    kinds = [step.kind for step in spec.steps]
+    assert kinds[0] == "apt" and kinds[-1] == "user", kinds
+    apt = step_command(spec.steps[0])
+    assert isinstance(apt, list) and apt[:2] == ["sh", "-c"] and "apt-get install" in apt[2]
+    assert apt[4:] == spec.steps[0].apt, "the packages go in as argv, never as shell text"
