@@ -1,6 +1,6 @@
 """docs/benchmarks.md's tables, written from the results the benchmarks keep in bench/results/.
 
-    .venv/bin/python bench/report.py [engine|leak|api|snapshot|board|console|hosts ...]
+    .venv/bin/python bench/report.py [engine|leak|api|snapshot|board|console|hosts|template ...]
 
 Reads each script's latest full run (``<name>-latest.json``, committed) and
 prints its tables as Markdown, with when it ran and what else ran on the
@@ -634,6 +634,55 @@ def scale(name: str = "scale") -> str:
     return "\n\n".join(parts)
 
 
+def template() -> str:
+    parts = []
+    for backend in ("embedded", "postgres"):
+        report = load(f"template-{backend}")
+        if report is None:
+            parts.append(f"(no template results for {backend})")
+            continue
+        ours, peer = report["forkyard"], report.get("podman") or {}
+        body = [
+            [
+                "build of the 4-step environment with a service, cold (s)",
+                number(ours["build_cold_s"], 2),
+                number(peer.get("build_cold_s"), 2),
+                ratio(peer.get("build_cold_s"), ours["build_cold_s"], False),
+            ],
+            [
+                "rebuild of the same spec, cached (s)",
+                number(ours["build_cached_s"], 3),
+                number(peer.get("build_cached_s"), 3),
+                ratio(peer.get("build_cached_s"), ours["build_cached_s"], False),
+            ],
+            [
+                f"build whose last step changed ({ours['steps_reused_when_last_changed']} steps reused, s)",
+                number(ours["build_last_step_changed_s"], 2),
+                "-",
+                "-",
+            ],
+            [
+                "create to first command from the built template, p50 / p95 (ms)",
+                number([ours["first_command_from_template_ms"]["p50"], ours["first_command_from_template_ms"]["p95"]]),
+                "-",
+                "-",
+            ],
+            [
+                "the same from `base`, p50 / p95 (ms)",
+                number([ours["first_command_from_base_ms"]["p50"], ours["first_command_from_base_ms"]["p95"]]),
+                "-",
+                "-",
+            ],
+        ]
+        body += [[f"cold step: {name} (s)", number(seconds, 3), "-", "-"] for name, seconds in ours["steps_cold_s"].items()]
+        parts += [
+            f"{backend}: " + provenance(report, f"template-{backend}"),
+            table(["measure", "forkyard", "podman build", "forkyard vs podman"], body),
+            goals(report["goals_met"]),
+        ]
+    return "\n\n".join(parts)
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "engine": engine,
     "leak": leak,
@@ -646,6 +695,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "scale": scale,
     "scale-grouped": lambda: scale("scale-grouped"),
     "inference": inference,
+    "template": template,
 }
 
 
