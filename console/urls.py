@@ -75,6 +75,7 @@ console_patterns: list[URLPattern | URLResolver] = [
     path("launches/<str:launch_id>/", launch_views.launch_detail, name="launch"),
     path("launches/<str:launch_id>/teardown/", launch_views.launch_teardown, name="launch-teardown"),
     path("templates/", snapshot_views.template_list, name="templates"),
+    path("templates/<str:name>/", snapshot_views.template_detail, name="template"),
     path("snapshots/", snapshot_views.snapshot_list, name="snapshots"),
     path("snapshots/<str:snapshot_id>/", snapshot_views.snapshot_detail, name="snapshot"),
     path("snapshots/<str:snapshot_id>/delete/", snapshot_views.snapshot_delete_view, name="snapshot-delete"),

@@ -1,4 +1,5 @@
-"""Templates and snapshots in the console: the lists, one snapshot, its delete and its launch-forks form."""
+"""Templates and snapshots in the console: the lists, one template and its last build, one snapshot, its
+delete and its launch-forks form."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from console.permissions import Action
 
 from .. import selectors, sizes
 from ..forms import LaunchFromSnapshotForm
-from ..models import Snapshot
+from ..models import Snapshot, TemplateBuild
 from ..schemas import SandboxCreate
 from ..services.launches import launch_create
 from ..services.snapshots import snapshot_delete
@@ -29,6 +30,19 @@ PAGE_SIZE = 50
 def template_list(request: HttpRequest, membership: Membership) -> HttpResponse:
     page = selectors.templates_page(membership.team, cursor=request.GET.get("cursor"), limit=PAGE_SIZE, strict=False)
     return render(request, "sandboxes/template_list.html", {"page": page})
+
+
+@vary_on_headers("HX-Request")
+@team_view()
+def template_detail(request: HtmxRequest, membership: Membership, name: str) -> HttpResponse:
+    """A template; for a team's own, its last build's steps, and once failed the step's error and output.
+    While the build runs, htmx refreshes the build panel every second."""
+    template = selectors.template_for(membership.team, name)
+    build = TemplateBuild.objects.filter(template=template).order_by("-created_at", "-id").first() if template.team_id else None
+    context = {"template": template, "build": build}
+    if request.htmx:
+        return render(request, "sandboxes/_template_build.html", context)
+    return render(request, "sandboxes/template_detail.html", context)
 
 
 @team_view()
