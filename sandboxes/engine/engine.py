@@ -253,6 +253,7 @@ class Engine:
         self.exec_cgroups_kept: dict[str, list[str]] = {}  # sandbox id -> empty exec cgroups for its next commands
         self.init_connections = execution.InitConnections()  # kept between execs (execution.py)
         self.writers = IdleWriters()  # sandboxes' file writers, kept a moment between calls (sandbox_files.py)
+        self.hosts_files: dict[tuple[str, ...], rootfs.TemplateHosts | None] = {}  # by layers (never change)
         self.watches = Watches()  # directories watched for changes (watches.py)
         self.processes = processes.Processes(  # background processes and terminals (processes.py)
             str(config.proc_dir), self._end_process_cgroup, self._kill_process_cgroup, self._process_cgroup_pids
@@ -1064,6 +1065,7 @@ class Engine:
                     "disk_bytes": record.disk_bytes,
                     "dev_dir": str(self.config.state_dir / "dev"),
                     "empty_dir": str(self.config.mount_dir / "empty"),
+                    **self._hosts_file(record.layers),
                 },
             }
             rules_written: asyncio.Future[None] | None = None
@@ -1089,6 +1091,22 @@ class Engine:
         else:
             self.by_pid[record.pid] = record.id
             self.store.put_sandbox(record)  # its pid, for recovery to reap if we die now
+
+    def _hosts_file(self, layers: builtins.list[str]) -> dict[str, Any]:
+        """The rootfs spec's ``hosts`` and ``etc_mode`` (rootfs.template_hosts), read once per stack of
+        layers: a layer's content never changes."""
+        key = tuple(layers)
+        if key not in self.hosts_files:
+            paths = [str(self.templates.layer_path(layer)) for layer in layers]
+            try:
+                self.hosts_files[key] = rootfs.template_hosts(paths, self.config.uid_base)
+            except OSError as error:  # a layer gone: the create fails on it anyway
+                log.warning("reading the hosts file of layers %s failed: %s", layers, error)
+                return {}
+            if len(self.hosts_files) > 1024:
+                self.hosts_files.pop(next(iter(self.hosts_files)))
+        made = self.hosts_files[key]
+        return {} if made is None else {"hosts": made.text, "etc_mode": made.etc_mode}
 
     def _ready(self, record: SandboxRecord) -> None:
         record.state = "running"

@@ -14,8 +14,11 @@ be read and tested without root:
 3. Attach the layers: the zygote opened each as a detached mount, idmapped
    from the layers' uid range into the sandbox's own (mounts, not copies;
    no superblock of their own); they are attached on the scratch as
-   ``lower/0``, ``lower/1``, ... .  Mount the overlay: those below (short
-   relative names, from inside ``lower``), scratch above.
+   ``lower/0``, ``lower/1``, ... .  Above them goes ``lower/hosts``, a
+   directory of the scratch holding only the sandbox's ``/etc/hosts``
+   (:func:`template_hosts`: the template's lines, loopback names where they
+   lack them, and the sandbox's hostname).  Mount the overlay: those below
+   (short relative names, from inside ``lower``), scratch above.
 4. Open the new root.  Every later target is opened *inside* it without
    following symlinks or crossing mounts (a template or snapshot may plant
    ``/proc -> /``), created if absent, and mounted on through
@@ -35,7 +38,8 @@ be read and tested without root:
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+import stat
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from .kernel import (
@@ -84,6 +88,122 @@ def scratch_inodes(disk_bytes: int) -> int:
     return max(disk_bytes // INODE_BYTES, MIN_INODES)
 
 
+# A sandbox's /etc/hosts (see template_hosts).  The hostname's line is the
+# Debian convention (127.0.1.1: loopback too, and not localhost's address);
+# the comment marks it as the engine's, so that a fork of a sandbox that
+# changed its hosts file gets its own hostname's line instead of its parent's.
+HOSTS_DIRECTORY = "hosts"  # the sandbox's own lower layer, in the scratch's lower/
+LOOPBACK_HOSTS = (("127.0.0.1", "127.0.0.1\tlocalhost\n"), ("::1", "::1\tlocalhost ip6-localhost ip6-loopback\n"))
+HOSTNAME_LINE = ("127.0.1.1\t", "\t# this sandbox's hostname (forkyard)\n")  # around the hostname
+MAX_HOSTS_BYTES = 3072  # what is kept of a template's file (a plan field holds under 4 KiB)
+WHITEOUT = (stat.S_IFCHR, 0)  # overlayfs's mark of a deleted entry: a character device 0:0
+OPAQUE_XATTR = "user.overlay.opaque"
+
+
+class TemplateHosts(NamedTuple):
+    text: str  # the file, but for the sandbox's hostname line
+    etc_mode: int  # of the template's /etc, which the sandbox's own layer's /etc stands in for
+
+
+def _hosts_text(template: bytes | None) -> str | None:
+    """The template's hosts file (None: none, or not one to keep) with the loopback lines it lacks put
+    first, an earlier sandbox's hostname line dropped; None when that is too long to keep."""
+    lines: list[str] = []
+    if template is not None and b"\0" not in template:
+        try:
+            lines = template.decode().split("\n")
+        except UnicodeDecodeError:
+            lines = []  # not text: replaced
+    if lines and lines[-1] == "":
+        lines.pop()
+    lines = [line for line in lines if not (line.startswith(HOSTNAME_LINE[0]) and line.endswith(HOSTNAME_LINE[1][:-1]))]
+
+    def maps_localhost(address: str) -> bool:
+        for line in lines:
+            fields = line.split("#", 1)[0].split()
+            if fields and fields[0] == address and "localhost" in fields[1:]:
+                return True
+        return False
+
+    added = "".join(line for address, line in LOOPBACK_HOSTS if not maps_localhost(address))
+    text = added + "".join(line + "\n" for line in lines)
+    return text if len(text.encode()) <= MAX_HOSTS_BYTES else None
+
+
+def _entry(dir_fd: int, name: str) -> os.stat_result | None:
+    try:
+        return os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+
+
+def _is_whiteout(info: os.stat_result) -> bool:
+    return (stat.S_IFMT(info.st_mode), info.st_rdev) == WHITEOUT
+
+
+def _opaque(fd: int) -> bool:
+    try:
+        return os.getxattr(fd, OPAQUE_XATTR) == b"y"
+    except OSError:
+        return False
+
+
+def template_hosts(layers: Sequence[str], root_uid: int) -> TemplateHosts | None:
+    """What a sandbox's /etc/hosts holds, read from its template's layers (host paths, topmost first,
+    owned by ``root_uid`` for root inside) the way overlayfs merges them.
+
+    The template's own file, if it is a regular file of UTF-8 text, is kept (less an earlier sandbox's
+    hostname line: a snapshot's); the ``localhost`` lines it lacks, for 127.0.0.1 and ::1, are added
+    first.  A symlink there is not followed (the sandbox's file replaces it), nor is any other entry
+    of a layer: each is opened under its parent without following links.  None (the sandbox sees
+    the template's /etc/hosts as it is, and no line for its hostname) when /etc is not a directory
+    owned by root (a symlink, say: the sandbox's own /etc would hide the template's layout), or
+    /etc/hosts is a directory, or the text kept would pass ``MAX_HOSTS_BYTES``.  Raises OSError when
+    a layer cannot be read.
+    """
+    etc_mode: int | None = None
+    template: bytes | None = None
+    for layer in layers:
+        layer_fd = os.open(layer, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            info = _entry(layer_fd, "etc")
+            if info is None:
+                continue
+            if not stat.S_ISDIR(info.st_mode):
+                if etc_mode is None and not _is_whiteout(info):
+                    return None  # the template's /etc is a symlink or a file
+                break  # deleted here, or hidden under the /etc of a layer above
+            if etc_mode is None:
+                if (info.st_uid, info.st_gid) != (root_uid, root_uid):
+                    return None
+                etc_mode = stat.S_IMODE(info.st_mode)
+            etc_fd = os.open("etc", os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=layer_fd)
+            try:
+                hosts = _entry(etc_fd, "hosts")
+                if hosts is not None:
+                    if stat.S_ISDIR(hosts.st_mode):
+                        return None
+                    if stat.S_ISREG(hosts.st_mode) and hosts.st_size <= MAX_HOSTS_BYTES:
+                        fd = os.open("hosts", os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, dir_fd=etc_fd)
+                        try:
+                            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                                return None
+                            template = os.read(fd, MAX_HOSTS_BYTES + 1)
+                        finally:
+                            os.close(fd)
+                    elif stat.S_ISREG(hosts.st_mode):
+                        return None  # too long to keep
+                    break  # found (a whiteout, a symlink or a FIFO: none to keep)
+                if _opaque(etc_fd):
+                    break  # the layers below are hidden
+            finally:
+                os.close(etc_fd)
+        finally:
+            os.close(layer_fd)
+    text = _hosts_text(template)
+    return None if text is None else TemplateHosts(text, 0o755 if etc_mode is None else etc_mode)
+
+
 class RootfsSpec(NamedTuple):
     layers_dir: str  # layer directories are named relative to it
     lower: tuple[str, ...]  # topmost first, as overlayfs wants them (the zygote opens layers_dir/<name>)
@@ -92,6 +212,8 @@ class RootfsSpec(NamedTuple):
     disk_bytes: int
     dev_dir: str  # prepared by prepare_dev()
     empty_dir: str  # prepared by prepare_empty()
+    hosts: str = ""  # the sandbox's /etc/hosts but for its hostname's line (template_hosts); "": none
+    etc_mode: int = 0o755  # of the /etc that holds it
 
 
 class Step(NamedTuple):
@@ -103,8 +225,10 @@ class Step(NamedTuple):
     read-only, or with the flags the kernel locks),
     ``mkdir``, ``keep-layer`` (init's fd 5), ``attach-layers`` (make the
     target and attach the zygote's idmapped layer mounts on ``<target>/0``,
-    ``<target>/1``, ...), ``chdir``, ``enter-root`` (relative targets live
-    under it from then on), ``pivot``.
+    ``<target>/1``, ...), ``hosts`` (make the target directory, ``etc`` in it
+    of ``mode``, and ``etc/hosts``: ``data``, the sandbox's hostname, then
+    ``source``), ``chdir``, ``enter-root`` (relative targets live under it
+    from then on), ``pivot``.
 
     An absolute ``target`` is a host path; a relative one is a path in the new
     root, on the mount named by ``within`` ("" for the root itself).  A
@@ -274,8 +398,8 @@ def overlay_options(spec: RootfsSpec, upper: str, work: str) -> str:
     # Lower layers are the mounts attached on lower/0, lower/1, ... (we chdir
     # there first): the options must fit in one page, and short names fit
     # more layers.
-    lower = ":".join(str(index) for index in range(len(spec.lower)))
-    return f"lowerdir={lower},upperdir={upper},workdir={work},userxattr"
+    names = ([HOSTS_DIRECTORY] if spec.hosts else []) + [str(index) for index in range(len(spec.lower))]
+    return f"lowerdir={':'.join(names)},upperdir={upper},workdir={work},userxattr"
 
 
 def _mount_on(target: str, source: str, fstype: str, flags: int, data: str = "", within: str = "") -> Step:
@@ -307,6 +431,21 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
         Step("mkdir", shared_memory, mode=0o1777),
         Step("keep-layer", upper),
         Step("attach-layers", lower),
+        # The sandbox's /etc/hosts in a layer of its own above the template's: not in the writable
+        # layer, so a snapshot holds it only if the sandbox changed it; no mount, no superblock.
+        *(
+            [
+                Step(
+                    "hosts",
+                    os.path.join(lower, HOSTS_DIRECTORY),
+                    source=HOSTNAME_LINE[1],
+                    data=spec.hosts + HOSTNAME_LINE[0],
+                    mode=spec.etc_mode,
+                )
+            ]
+            if spec.hosts
+            else []
+        ),
         Step("chdir", lower),
         Step("mount", spec.root_dir, source="overlay", fstype="overlay", data=overlay_options(spec, upper, work)),
         Step("enter-root", spec.root_dir),

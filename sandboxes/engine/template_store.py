@@ -16,7 +16,10 @@ Import, in the order the code runs it:
    flattens to one layer).  Everything goes through :class:`trees.Tree`: an
    image cannot write outside the directory, whatever its paths or links say.
 2. Make sure ``/proc``, ``/sys``, ``/dev``, ``/tmp`` and ``/root`` are plain
-   directories (sandbox creation refuses anything else).
+   directories (sandbox creation refuses anything else).  An
+   ``/etc/resolv.conf`` (often the build host's copy) is replaced by one
+   that names no resolver: a sandbox reaches none but the one its network
+   policy gives it, which the engine writes there.
 3. Digest the tree (a deterministic tar stream of it) to name the layer.
 4. Rename into place (a layer that already exists is reused), record it.
 """
@@ -38,13 +41,19 @@ from typing import IO, Any
 
 from . import users
 from .config import EngineConfig
-from .errors import InvalidRequest, TemplateExists, TemplateImportFailed, TemplateNotFound
+from .errors import EngineError, InvalidRequest, TemplateExists, TemplateImportFailed, TemplateNotFound
 from .layers import tree_digest
 from .store import Store, TemplateRecord
 from .trees import IdShift, Tree
 
 NAME_ALPHABET = set("abcdefghijklmnopqrstuvwxyz0123456789-_.")
 REQUIRED_DIRECTORIES = {"proc": 0o555, "sys": 0o555, "dev": 0o755, "tmp": 0o1777, "root": 0o700}
+# What a template's /etc/resolv.conf becomes at import.  No nameserver: a lookup goes to the
+# sandbox's own loopback, where nothing answers, and fails at once.
+RESOLV_CONF = (
+    b"# No resolver: a sandbox without a network policy has loopback only.\n"
+    b"# Under a policy, forkyard writes the sandbox's own resolver here.\n"
+)
 DEFAULT_ENV = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin", "HOME": "/root", "LANG": "C.UTF-8"}
 Progress = Callable[[dict[str, Any]], None]
 
@@ -267,6 +276,7 @@ class TemplateStore:
                 report({"phase": "unpacked", **counts})
                 for directory, mode in REQUIRED_DIRECTORIES.items():
                     self._ensure_directory(tree, directory, mode)
+                forget_resolver(tree)
                 report({"phase": "digest"})
                 layer_id, size = _digest(incoming, self.shift)
             finally:
@@ -368,6 +378,19 @@ class TemplateStore:
                 os.close(fd)
 
 
+def forget_resolver(tree: Tree) -> bool:
+    """Replace the tree's ``etc/resolv.conf``, if it has one, by :data:`RESOLV_CONF`: whatever is at
+    the name (a symlink too; a directory is left alone) is removed, never written through.  Whether
+    it was replaced."""
+    try:
+        if tree.stat("etc/resolv.conf")["type"] == "directory":
+            return False
+    except EngineError:
+        return False  # none (or no /etc)
+    tree.replace_file("etc/resolv.conf", lambda: iter([RESOLV_CONF]), 0o644, 0, 0, time.time())
+    return True
+
+
 # --- building the stock templates ------------------------------------------------
 
 
@@ -404,7 +427,7 @@ def build_base_rootfs(target: Path, busybox: Path = Path("/bin/busybox")) -> Pat
         link.symlink_to(os.path.relpath(target / "bin" / "busybox", link.parent))
     (target / "etc" / "passwd").write_text("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/bin/false\n")
     (target / "etc" / "group").write_text("root:x:0:\ntty:x:5:\nnogroup:x:65534:\n")
-    (target / "etc" / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost\n")
+    (target / "etc" / "hosts").write_text("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n")
     (target / "etc" / "os-release").write_text('NAME="forkyard base"\nID=forkyard-base\nPRETTY_NAME="forkyard base (busybox)"\n')
     os.chmod(target / "tmp", 0o1777)
     os.chmod(target / "root", 0o700)
@@ -427,4 +450,10 @@ def build_debian_rootfs(
         for item in (target / cache).glob("*"):
             if item.is_file():
                 item.unlink()
+    # debootstrap copied this host's resolv.conf: a resolver no sandbox reaches.
+    fd = os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        forget_resolver(Tree(fd, IdShift(0, 1 << 32)))
+    finally:
+        os.close(fd)
     return target

@@ -76,7 +76,9 @@ def test_a_fork_has_the_changes_and_its_writes_stay_its_own(engine: EngineClient
     for fork in forks:
         assert _run(engine, fork, "ls /work/tree | wc -l").strip() == "2000"
         assert _run(engine, fork, "cat /work/tree/f1999") == "file 1999\n"
-        assert _run(engine, fork, "ls /etc") == "only\n", "a directory deleted and made again hides the template's"
+        # A directory deleted and made again hides the template's (the fork's own /etc/hosts aside).
+        assert _run(engine, fork, "ls /etc") == "hosts\nonly\n"
+        assert _run(engine, fork, "cat /etc/hosts").endswith(f"\t{fork}\t# this sandbox's hostname (forkyard)\n")
         assert engine.exec(fork, "test -e /bin/ls").exit_code == 1, "a deleted file stays deleted"
         assert _run(engine, fork, "readlink /work/link; test -p /work/fifo && echo fifo") == "/etc/only\nfifo\n"
         assert _run(engine, fork, "stat -c '%a %u:%g' /work/tree/f1 /work/tree/f2") == "4755 0:0\n644 1000:1000\n"
@@ -300,7 +302,8 @@ def test_a_snapshot_moves_to_another_host_checked_against_its_content(
             imported = other.call("snapshots.import", body=archive)
             assert imported["layers"] == snapshot["layers"]
             fork = other.create(template=snapshot["name"], size="tiny", ttl_s=60)["id"]
-            assert _run(other, fork, "wget -qO- http://127.0.0.1:8080/; ls /etc") == "moved\nx\n"
+            # Its /etc made again: x, and the fork's own hosts file.
+            assert _run(other, fork, "wget -qO- http://127.0.0.1:8080/; ls /etc") == "moved\nhosts\nx\n"
             other.destroy(fork)
 
 

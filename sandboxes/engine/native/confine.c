@@ -12,7 +12,8 @@
  *  3. become root of the user namespace; hostname = sandbox id;
  *  4. build the root filesystem by running the plan rootfs.py made (the
  *     layers come as detached idmapped mounts the zygote opened: attached
- *     in our mount namespace, then overlay's lower layers), ending with
+ *     in our mount namespace, then overlay's lower layers, with a layer of
+ *     our own above them holding our /etc/hosts: write_hosts), ending with
  *     pivot_root into it (run_plan); drop the supplementary group that let
  *     us pass through the state directory;
  *  5. bring up loopback; rlimits (nofile, no core dumps);
@@ -213,6 +214,37 @@ static void hold_directory(int *held, const char *path, const char *step_name) {
     if (*held < 0) fail(step_name, path, errno);
 }
 
+static void write_all(int fd, const char *text, const char *target) {
+    size_t length = strlen(text);
+    while (length > 0) {
+        ssize_t written = write(fd, text, length);
+        if (written < 0 && errno == EINTR) continue;
+        if (written <= 0) fail("build root filesystem: write the sandbox's hosts file", target, written < 0 ? errno : EIO);
+        text += written;
+        length -= (size_t)written;
+    }
+}
+
+/* The sandbox's /etc/hosts, in a layer of its own that the overlay stacks
+ * above the template's: the text the engine read from the template's layers
+ * (step->data), this sandbox's hostname, then step->source.  The directory
+ * is on the scratch tmpfs this child mounted a few steps ago, which holds
+ * nothing but what the plan made: no entry in it was planted, and none is
+ * followed (O_EXCL).  Charged to the sandbox, like its writable layer. */
+static void write_hosts(const struct step *step) {
+    if (mkdir(step->target, 0755) < 0) fail("build root filesystem: make the hosts layer", step->target, errno);
+    int layer = openat(AT_FDCWD, step->target, O_PATH | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (layer < 0) fail("build root filesystem: open the hosts layer", step->target, errno);
+    if (mkdirat(layer, "etc", step->mode) < 0) fail("build root filesystem: make the hosts layer", "etc", errno);
+    int fd = openat(layer, "etc/hosts", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0) fail("build root filesystem: write the sandbox's hosts file", "/etc/hosts", errno);
+    write_all(fd, step->data, "/etc/hosts");
+    write_all(fd, spawning->hostname, "/etc/hosts");
+    write_all(fd, step->source ? step->source : "\n", "/etc/hosts");
+    close(fd);
+    close(layer);
+}
+
 static void run_step(const struct step *step) {
     char path[64];
     int fd;
@@ -292,6 +324,9 @@ static void run_step(const struct step *step) {
         close(directory);
         return;
     }
+    case OP_HOSTS:
+        write_hosts(step);
+        return;
     case OP_PIVOT:
         /* pivot_root(".", ".") stacks the old root on top of the new one at
          * the same place, so no directory for it is needed in the sandbox's

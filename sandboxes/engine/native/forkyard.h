@@ -34,6 +34,7 @@ enum step_op {
     OP_ENTER_ROOT,     /* the target is the new root: relative targets live under it */
     OP_PIVOT,          /* pivot_root into the new root and detach the old one */
     OP_ATTACH_LAYERS,  /* make the target directory and mount each layer on <target>/<n>, n = 0, 1, ... */
+    OP_HOSTS,          /* make the target directory holding etc/hosts: data, the hostname, then source */
 };
 
 enum missing_policy { MISSING_FAIL, MISSING_SKIP, MISSING_CREATE };

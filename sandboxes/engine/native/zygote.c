@@ -224,6 +224,7 @@ static const char *const OP_NAMES[] = {
     [OP_MKDIR] = "mkdir",           [OP_KEEP_LAYER] = "keep-layer",
     [OP_CHDIR] = "chdir",           [OP_ENTER_ROOT] = "enter-root",
     [OP_PIVOT] = "pivot",           [OP_ATTACH_LAYERS] = "attach-layers",
+    [OP_HOSTS] = "hosts",
 };
 static const char *const MISSING_NAMES[] = {
     [MISSING_FAIL] = "fail",
@@ -277,6 +278,9 @@ static const char *parse_step(struct cursor *cursor, struct step *step, int *see
     case OP_CHDIR:
     case OP_ATTACH_LAYERS:
         return absolute ? NULL : "step target";
+    case OP_HOSTS:
+        if (!absolute || *seen_root) return "step target"; /* a directory of the scratch, before the overlay */
+        return data[0] ? NULL : "step data";
     case OP_ENTER_ROOT:
         if (!absolute) return "step target";
         *seen_root = 1;

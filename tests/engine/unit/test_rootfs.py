@@ -6,6 +6,10 @@ with each step against the real kernel is checked by tests/engine/test_create.py
 
 from __future__ import annotations
 
+import os
+import stat
+from pathlib import Path
+
 import pytest
 
 from sandboxes.engine import rootfs, zygote
@@ -169,3 +173,109 @@ def test_shared_memory_is_a_directory_of_the_scratch_not_a_filesystem_of_its_own
     assert by_where["/state/mnt/scratch/shm"].mode == 0o1777
     filesystems = [step.fstype for step in rootfs.plan(SPEC) if step.op == "mount" and step.fstype]
     assert filesystems == ["tmpfs", "overlay", "proc", "sysfs", "devpts", "mqueue"]
+
+
+# --- the sandbox's /etc/hosts ----------------------------------------------------------
+
+HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
+
+
+def test_the_hosts_file_is_a_layer_of_the_scratch_above_the_templates():
+    steps = rootfs.plan(SPEC._replace(hosts=HOSTS, etc_mode=0o750))
+    hosts = next(step for step in steps if step.op == "hosts")
+    attach = next(step for step in steps if step.op == "attach-layers")
+    overlay = next(step for step in steps if step.fstype == "overlay")
+    assert steps.index(attach) < steps.index(hosts) < steps.index(overlay)
+    assert (hosts.target, hosts.mode) == ("/state/mnt/scratch/lower/hosts", 0o750)
+    # The file: the text, the hostname (the C adds it), the line's end marking it as the engine's.
+    assert (hosts.data, hosts.source) == (HOSTS + "127.0.1.1\t", "\t# this sandbox's hostname (forkyard)\n")
+    assert overlay.data.startswith("lowerdir=hosts:0:1,")
+    # No mount of its own: the same mounts as a plan without it.
+    assert sum(step.op == "mount" for step in steps) == sum(step.op == "mount" for step in rootfs.plan(SPEC))
+
+
+def _layer(root: Path, files: dict[str, str | bytes | None]) -> str:
+    """A layer directory: None makes a directory, a str starting with '->' a symlink."""
+    root.mkdir()
+    for name, content in files.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            path.mkdir(exist_ok=True)
+        elif isinstance(content, str) and content.startswith("->"):
+            path.symlink_to(content[2:])
+        else:
+            path.write_bytes(content if isinstance(content, bytes) else content.encode())
+    return str(root)
+
+
+def _text(*layers: str) -> str:
+    made = rootfs.template_hosts(layers, os.getuid())
+    assert made is not None
+    return made.text
+
+
+def test_a_template_without_etc_hosts_gets_the_loopback_lines_and_keeps_its_etc_mode(tmp_path: Path):
+    assert rootfs.template_hosts([_layer(tmp_path / "none", {"bin": None})], os.getuid()) == (HOSTS, 0o755)
+    layer = _layer(tmp_path / "etc", {"etc": None})
+    os.chmod(Path(layer) / "etc", 0o711)
+    assert rootfs.template_hosts([layer], os.getuid()) == (HOSTS, 0o711)
+
+
+def test_a_templates_file_is_kept_with_the_loopback_line_it_lacks_first(tmp_path: Path):
+    layer = _layer(tmp_path / "t", {"etc/hosts": "# mine\n127.0.0.1 localhost box\n10.0.0.5 db"})
+    assert _text(layer) == "::1\tlocalhost ip6-localhost ip6-loopback\n# mine\n127.0.0.1 localhost box\n10.0.0.5 db\n"
+    # "localhost" in a comment is no localhost line.
+    commented = _layer(tmp_path / "c", {"etc/hosts": "127.0.0.1 box # localhost\n::1 localhost\n"})
+    assert _text(commented) == "127.0.0.1\tlocalhost\n127.0.0.1 box # localhost\n::1 localhost\n"
+
+
+def test_a_parents_hostname_line_is_dropped(tmp_path: Path):
+    parent = HOSTS + "10.0.0.5 db\n127.0.1.1\tsb-parent\t# this sandbox's hostname (forkyard)\n"
+    assert _text(_layer(tmp_path / "snap", {"etc/hosts": parent})) == HOSTS + "10.0.0.5 db\n"
+
+
+def test_the_topmost_layer_decides_and_an_opaque_etc_hides_the_ones_below(tmp_path: Path):
+    lower = _layer(tmp_path / "lower", {"etc/hosts": "127.0.0.1 localhost lower\n::1 localhost\n"})
+    upper = _layer(tmp_path / "upper", {"etc/hosts": "127.0.0.1 localhost upper\n::1 localhost\n"})
+    middle = _layer(tmp_path / "middle", {"etc/motd": "hi"})
+    assert _text(upper, middle, lower) == "127.0.0.1 localhost upper\n::1 localhost\n"
+    assert _text(middle, lower) == "127.0.0.1 localhost lower\n::1 localhost\n"
+    opaque = _layer(tmp_path / "opaque", {"etc": None})
+    try:
+        os.setxattr(Path(opaque) / "etc", "user.overlay.opaque", b"y")
+    except OSError:
+        pytest.skip("no user xattrs here")
+    assert _text(opaque, lower) == HOSTS
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a whiteout is a device node: making one needs root")
+def test_a_whiteout_hides_the_file_below(tmp_path: Path):
+    lower = _layer(tmp_path / "lower", {"etc/hosts": "127.0.0.1 localhost lower\n"})
+    deleted = _layer(tmp_path / "deleted", {"etc": None})
+    os.mknod(Path(deleted) / "etc" / "hosts", 0o600 | stat.S_IFCHR, 0)
+    assert _text(deleted, lower) == HOSTS
+
+
+def test_a_symlink_or_other_entry_is_never_followed(tmp_path: Path):
+    outside = tmp_path / "outside"
+    outside.write_text("127.0.0.1 localhost outside\n")
+    assert _text(_layer(tmp_path / "linked", {"etc/hosts": f"->{outside}"})) == HOSTS  # replaced, not read through
+    fifo = _layer(tmp_path / "fifo", {"etc": None})
+    os.mkfifo(Path(fifo) / "etc" / "hosts")
+    assert _text(fifo) == HOSTS  # and never waited on
+    # /etc itself a symlink, or hosts a directory: left as the template has them.
+    etc_link = _layer(tmp_path / "etc-link", {"usr/etc/hosts": "127.0.0.1 localhost\n", "etc": "->usr/etc"})
+    assert rootfs.template_hosts([etc_link], os.getuid()) is None
+    assert rootfs.template_hosts([_layer(tmp_path / "dir", {"etc/hosts": None})], os.getuid()) is None
+
+
+def test_a_file_too_long_is_left_alone_and_one_not_text_replaced(tmp_path: Path):
+    long = "127.0.0.1 localhost\n" + "10.0.0.1 name\n" * 300
+    assert rootfs.template_hosts([_layer(tmp_path / "long", {"etc/hosts": long})], os.getuid()) is None
+    assert _text(_layer(tmp_path / "binary", {"etc/hosts": b"127.0.0.1 localhost\0\xff\n"})) == HOSTS
+
+
+def test_an_etc_another_user_owns_is_left_alone(tmp_path: Path):
+    layer = _layer(tmp_path / "t", {"etc/hosts": "127.0.0.1 localhost\n"})
+    assert rootfs.template_hosts([layer], os.getuid() + 1) is None

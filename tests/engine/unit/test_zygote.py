@@ -122,6 +122,9 @@ BAD_SPAWNS = {
     "step after pivot": (spawn_fields(), plan_of(ROOT, PIVOT, rootfs.Step("mkdir", "tmp"))),
     "mount options over a page": (spawn_fields(), plan_of(ROOT, rootfs.Step("mount", "/x", data="o" * 4096), PIVOT)),
     "trailing fields": (spawn_fields(), zygote.encoded_plan(SPEC) + b"extra\0"),
+    "relative hosts target": (spawn_fields(), plan_of(rootfs.Step("hosts", "hosts", data="127.0.0.1 localhost\n"), ROOT, PIVOT)),
+    "hosts in the new root": (spawn_fields(), plan_of(ROOT, rootfs.Step("hosts", "/mnt/x", data="127.0.0.1 localhost\n"), PIVOT)),
+    "hosts without text": (spawn_fields(), plan_of(rootfs.Step("hosts", "/mnt/scratch/lower/hosts"), ROOT, PIVOT)),
 }
 
 
