@@ -93,6 +93,11 @@ def test_a_snapshot_and_a_create_are_taken_from_their_own_lane_while_the_bulk_la
     # The bulk worker, back, takes what waited for it.
     for sandbox_id in doomed:
         assert _until(api, f"/api/v1/sandboxes/{sandbox_id}", {"destroyed"})["state"] == "destroyed"
+    # The lane drains: a row's command can land on it just as its destroy is recorded (the returning
+    # worker's host agent requeues what it finds stopping), and is taken a moment later.
+    deadline = time.monotonic() + 30
+    while _queued(stack, bulk) and time.monotonic() < deadline:
+        time.sleep(0.2)
     assert _queued(stack, bulk) == 0
     for sandbox_id in (source, created.json()["id"] if created is not None else None):
         if sandbox_id:
