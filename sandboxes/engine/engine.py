@@ -1275,9 +1275,7 @@ class Engine:
 
     def parse_exec(self, record: SandboxRecord, args: dict[str, Any]) -> execution.ExecRequest:
         argv = execution.validate_argv(args.get("cmd"))
-        cwd = args.get("cwd") or record.workdir or "/"
-        if not isinstance(cwd, str) or not cwd.startswith("/") or "\0" in cwd or len(cwd) > 4096:
-            raise InvalidRequest("cwd must be an absolute path", field="cwd")
+        cwd = execution.validate_directory(args.get("cwd") or record.workdir or "/", "cwd")
         env = {**record.env, **execution.validate_env(args.get("env"))}
         stdin = args.get("stdin")
         if args.get("stdin_b64") is not None:

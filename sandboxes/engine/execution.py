@@ -250,6 +250,13 @@ def validate_argv(command: Any) -> list[str]:
     return list(command)
 
 
+def validate_directory(path: Any, field_name: str) -> str:
+    """An absolute path without NUL bytes, at most 4 KiB: a command's working directory."""
+    if not isinstance(path, str) or not path.startswith("/") or "\0" in path or len(path) > 4096:
+        raise InvalidRequest(f"{field_name} must be an absolute path", field=field_name)
+    return path
+
+
 def validate_env(env: Any, field_name: str = "env") -> dict[str, str]:
     if env is None:
         return {}

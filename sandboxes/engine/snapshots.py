@@ -47,7 +47,7 @@ from . import faults, fork_services, layers, users
 from .cgroups import Cgroups
 from .config import EngineConfig
 from .errors import InvalidRequest, SandboxNotRunning, TemplateExists, TemplateNotFound
-from .execution import validate_env
+from .execution import validate_directory, validate_env
 from .recovery import init_alive
 from .store import SandboxRecord, Store, TemplateRecord
 from .template_store import TemplateStore, layer_directory_name, validate_name
@@ -355,10 +355,7 @@ def _defaults(raw: Any) -> dict[str, Any]:
     if "env" in raw:
         defaults["env"] = validate_env(raw["env"], "defaults.env")
     if "workdir" in raw:
-        workdir = raw["workdir"]
-        if not isinstance(workdir, str) or not workdir.startswith("/") or len(workdir) > 4096 or "\0" in workdir:
-            raise InvalidRequest("defaults.workdir must be an absolute path", field="defaults.workdir")
-        defaults["workdir"] = workdir
+        defaults["workdir"] = validate_directory(raw["workdir"], "defaults.workdir")
     if "user" in raw:
         defaults["user"] = users.validate(raw["user"]) or ""
     return defaults
