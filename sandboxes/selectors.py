@@ -135,6 +135,36 @@ def template_for(team: Team, name: str, *, field: str | None = None) -> Template
     return template
 
 
+@dataclass(frozen=True)
+class BuildBase:
+    """A template build's base, resolved: its part of the build key, and what a sandbox names to start from it."""
+
+    key: str
+    source: dict[str, str]  # {"template": name} or {"snapshot": id}
+
+
+def build_base(team: Team, base: str) -> BuildBase:
+    """A build's ``base``: ``snapshot:<id>`` (ready, the team's), a public template (keyed by its layers),
+    or one of the team's own (its last good build's snapshot); 404 or ``template_not_ready`` otherwise."""
+    if base.startswith("snapshot:"):
+        snapshot_id = base.removeprefix("snapshot:")
+        if not Snapshot.objects.filter(team=team, pk=snapshot_id, state=Snapshot.State.READY).exists():
+            raise not_found("snapshot", snapshot_id, field="base")
+        return BuildBase(f"snapshot:{snapshot_id}", {"snapshot": snapshot_id})
+    template = template_for(team, base, field="base")
+    if template.team_id is None:
+        layers = ",".join(template.layers) or template.created_at.isoformat()
+        return BuildBase(f"template:{template.name}:{layers}", {"template": base})
+    if template.state != Template.State.READY or template.snapshot_id is None:
+        raise Conflict("template_not_ready", f"base template {base!r} is {template.state}", details={"state": template.state})
+    return BuildBase(f"snapshot:{template.snapshot_id}", {"snapshot": str(template.snapshot_id)})
+
+
+def last_build(template: Template) -> TemplateBuild | None:
+    """A template's latest build (a public template has none)."""
+    return template.builds.order_by("-created_at", "-id").first()
+
+
 def with_sandboxes_alive(rows: QuerySet[Lease]) -> QuerySet[Lease]:
     """Each lease with ``sandboxes_alive``, its live sandboxes, counted by the database (no query per row)."""
     return rows.annotate(sandboxes_alive=Count("sandboxes", filter=Q(sandboxes__state__in=Sandbox.LIVE)))

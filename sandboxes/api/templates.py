@@ -75,7 +75,7 @@ def _last_build(team: Any, name: str) -> TemplateBuild:
     template = Template.objects.filter(team=team, name=name).first()
     if template is None:
         raise not_found("template", name)
-    build = template.builds.order_by("-created_at", "-id").first()
+    build = selectors.last_build(template)
     if build is None:
         raise not_found("template_build", name)
     return build
@@ -107,7 +107,7 @@ async def _follow(build_id: str) -> AsyncIterator[bytes]:
     steps: Any = None
     quiet = 0.0
     while True:
-        build = await db(TemplateBuild.objects.get)(pk=build_id)
+        build = await db(TemplateBuild.objects.select_related("template").get)(pk=build_id)
         if build.log_total > sent and build.log:
             yield _line({"type": "log", "text": build.log[-min(build.log_total - sent, len(build.log)) :]})
             sent, quiet = build.log_total, 0.0

@@ -59,18 +59,6 @@ def step_name(step: BuildStep) -> str:
     return f"{kind} {getattr(step, kind)}"[:200]
 
 
-def _base_source(team: Team, base: str) -> dict[str, str]:
-    """What a sandbox names to start from the build's base (``template`` or ``snapshot``); 404 if none."""
-    if base.startswith("snapshot:"):
-        if not Snapshot.objects.filter(team=team, pk=base.removeprefix("snapshot:"), state=Snapshot.State.READY).exists():
-            raise not_found("snapshot", base.removeprefix("snapshot:"), field="base")
-        return {"snapshot": base.removeprefix("snapshot:")}
-    template = selectors.template_for(team, base, field="base")
-    if template.team_id is not None and (template.state != Template.State.READY or template.snapshot is None):
-        raise Conflict("template_not_ready", f"base template {base!r} is {template.state}", details={"state": template.state})
-    return {"template": base}
-
-
 def _policy_for(team: Team, spec: TemplateBuildIn) -> NetworkPolicy | None:
     if spec.network_policy:
         policy = NetworkPolicy.objects.filter(team=team, pk=spec.network_policy).first()
@@ -95,7 +83,7 @@ def template_build_create(*, team: Team, key: ApiKey | None, spec: TemplateBuild
     """Record a build of the team's template ``spec.name`` and queue it; the build."""
     if Template.objects.filter(team=None, name=spec.name).exists():
         raise Conflict("template_name_taken", f"{spec.name!r} is a public template's name: choose another", field="name")
-    source = _base_source(team, spec.base)
+    source = selectors.build_base(team, spec.base).source
     policy = _policy_for(team, spec)
     # Its sandboxes are the team's, paid by its key: one at a time, for the build's time at most.
     admit(

@@ -18,7 +18,7 @@ from console.permissions import Action
 
 from .. import selectors, sizes
 from ..forms import LaunchFromSnapshotForm
-from ..models import Snapshot, TemplateBuild
+from ..models import Snapshot
 from ..schemas import SandboxCreate
 from ..services.launches import launch_create
 from ..services.snapshots import snapshot_delete
@@ -38,7 +38,7 @@ def template_detail(request: HtmxRequest, membership: Membership, name: str) -> 
     """A template; for a team's own, its last build's steps, and once failed the step's error and output.
     While the build runs, htmx refreshes the build panel every second."""
     template = selectors.template_for(membership.team, name)
-    build = TemplateBuild.objects.filter(template=template).order_by("-created_at", "-id").first() if template.team_id else None
+    build = selectors.last_build(template) if template.team_id else None
     context = {"template": template, "build": build}
     if request.htmx:
         return render(request, "sandboxes/_template_build.html", context)

@@ -70,21 +70,6 @@ def digest(previous: str, part: Any) -> str:
     return hashlib.sha256((previous + json.dumps(part, sort_keys=True, separators=(",", ":"))).encode()).hexdigest()
 
 
-def base_of(build: TemplateBuild, base: str) -> tuple[str, dict[str, str]]:
-    """The base's key, and what a sandbox names to start from it."""
-    if base.startswith("snapshot:"):
-        snapshot_id = base.removeprefix("snapshot:")
-        if not Snapshot.objects.filter(team=build.team, pk=snapshot_id, state=Snapshot.State.READY).exists():
-            raise StepFailed("base_not_found", f"snapshot {snapshot_id} is not ready any more")
-        return f"snapshot:{snapshot_id}", {"snapshot": snapshot_id}
-    template = selectors.template_for(build.team, base, field="base")
-    if template.team_id is not None:
-        if template.snapshot is None:
-            raise StepFailed("base_not_ready", f"template {base!r} has no good build")
-        return f"snapshot:{template.snapshot_id}", {"snapshot": str(template.snapshot_id)}
-    return f"template:{template.name}:{','.join(template.layers) or template.created_at.isoformat()}", {"template": base}
-
-
 def step_command(step: BuildStep) -> str | list[str] | None:
     """The command a step runs in its sandbox (as argv where it takes the spec's values: no shell quoting)."""
     if step.apt:
@@ -242,7 +227,8 @@ def build(build_id: str) -> str:
     deadline = time.monotonic() + spec.timeout_s
     index = None
     try:
-        key, source = base_of(row, spec.base)
+        base = selectors.build_base(row.team, spec.base)  # gone since it was asked for: the build fails with its code
+        key, source = base.key, base.source
         services = [service.model_dump(mode="json", exclude_none=True) for service in spec.services]
         last: Snapshot | None = None
         for index, planned in enumerate(row.steps):
