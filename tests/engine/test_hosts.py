@@ -13,7 +13,6 @@ import ipaddress
 import os
 import shutil
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,21 +44,6 @@ def _nameservers(engine: EngineClient, sandbox: str) -> list[str]:
     except errors.FileNotFound:
         return []
     return [line for line in text.splitlines() if line.split()[:1] == ["nameserver"]]
-
-
-@pytest.fixture
-def made(engine: EngineClient) -> Iterator[list[str]]:
-    """Sandboxes and templates a test makes, removed after it."""
-    names: list[str] = []
-    yield names
-    for name in reversed(names):
-        try:
-            if name.startswith("sb-"):
-                engine.destroy(name)
-            else:
-                engine.call("templates.delete", name=name)
-        except errors.EngineError:
-            pass
 
 
 def _create(engine: EngineClient, made: list[str], template: str) -> str:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,21 +25,6 @@ HTTPD = {"name": "web", "command": "httpd -f -p 8080 -h /srv", "ready": {"tcp": 
 
 def _name(prefix: str = "snap") -> str:
     return f"{prefix}-{os.urandom(4).hex()}"
-
-
-@pytest.fixture
-def made(engine: EngineClient) -> Iterator[list[str]]:
-    """Sandboxes and snapshots a test makes, removed after it."""
-    names: list[str] = []
-    yield names
-    for name in reversed(names):
-        try:
-            if name.startswith("sb-"):
-                engine.destroy(name)
-            else:
-                engine.call("templates.delete", name=name)
-        except errors.EngineError:
-            pass
 
 
 def _create(engine: EngineClient, made: list[str], template: str = "base") -> str:
