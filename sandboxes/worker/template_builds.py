@@ -161,7 +161,8 @@ def _run(sandbox: Sandbox, step: BuildStep, build_log: BuildLog) -> None:
     step_output: list[str] = []
 
     def output(_stream: str, data: bytes) -> None:
-        text = data.decode("utf-8", "replace")
+        # What the command printed, as text a database column holds: PostgreSQL's text takes no NUL.
+        text = data.decode("utf-8", "replace").replace("\x00", "\ufffd")
         step_output.append(text)
         build_log.add(text)
 

@@ -132,12 +132,20 @@ def test_a_rebuild_of_the_same_spec_runs_nothing_and_a_changed_step_reuses_the_o
 def test_a_failed_step_names_itself_keeps_its_output_and_leaves_nothing_to_start_from(api):
     name = f"broken-{uuid.uuid4().hex[:6]}"
     failed = build(
-        api, spec(name, {"run": "echo fine"}, {"run": "echo doomed-output; echo to-stderr >&2; exit 3"}, {"run": "true"})
+        api,
+        spec(
+            name,
+            {"run": "echo fine"},
+            {"run": "echo doomed-output; echo to-stderr >&2; printf 'a\\000b\\n'; exit 3"},
+            {"run": "true"},
+        ),
     )
     assert failed["state"] == "failed" and failed["failed_step"] == 1, failed
     assert failed["error"]["code"] == "step_failed" and "step 2 (run echo doomed-output" in failed["error"]["message"]
     assert "exited with 3" in failed["error"]["message"]
     assert "doomed-output" in failed["error_output"] and "to-stderr" in failed["error_output"]
+    # A NUL from the sandbox (which PostgreSQL's text cannot hold) is kept as U+FFFD, not a crashed build.
+    assert "a\ufffdb" in failed["error_output"]
     assert [step["state"] for step in failed["steps"]] == ["done", "failed", "pending"]
     assert api.get(f"/api/v1/templates/{name}").json()["state"] == "failed"
     refused = api.post("/api/v1/sandboxes", json={"template": name, "size": "tiny", "ttl_s": 60})
