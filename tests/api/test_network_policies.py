@@ -106,7 +106,9 @@ def test_a_launch_under_a_same_launch_policy_reaches_itself_and_no_one_else(api:
     ).json()["id"]
     try:
         target = _address(api, second)
-        _exec(api, second, "setsid nc -l -p 9000 > /tmp/got < /dev/null 2>&1 &")
+        # The listener's stdin stays open (a sleep): at EOF on stdin busybox nc may close the connection
+        # before it has read what the peer sent.
+        _exec(api, second, "setsid sh -c 'sleep 60 | nc -l -p 9000 > /tmp/got 2>&1' < /dev/null > /dev/null 2>&1 &")
         assert _exec(api, outsider, f"echo intruder | nc -w 3 {target} 9000")["exit_code"] != 0
         assert _exec(api, first, f"echo member | nc -w 3 {target} 9000")["exit_code"] == 0
         got = _exec(api, second, "for i in $(seq 100); do [ -s /tmp/got ] && break; sleep 0.05; done; cat /tmp/got")
