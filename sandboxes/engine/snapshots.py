@@ -202,7 +202,10 @@ class Snapshots:
         finally:
             os.close(upper)
         faults.reached("snapshot:layer")
-        stack = [layer_id, *parent.layers]
+        # The same layer twice in one stack is refused by overlayfs ("conflicting lowerdir path"): two
+        # snapshots in a row that changed nothing both have the empty layer. The upper copy shadows all of
+        # the lower one's files, so dropping the lower one changes nothing a fork sees.
+        stack = [layer_id, *(layer for layer in parent.layers if layer != layer_id)]
         if len(stack) - 1 > FLATTEN_AT:
             progress({"phase": "flatten", "layers": len(stack) - 1})
             stack = [await asyncio.to_thread(self._flatten, stack[:-1]), stack[-1]]

@@ -357,3 +357,22 @@ def test_a_fork_is_creating_until_its_services_answer(engine: EngineClient, engi
     made.append(created["id"])
     assert created["state"] == "running"
     assert _run(engine, created["id"], "wget -qO- http://127.0.0.1:8080/") == "late\n"
+
+
+def test_snapshots_that_changed_nothing_in_a_row_still_fork(engine: EngineClient, made: list[str]) -> None:
+    """Each such snapshot's layer is the empty tree: one stack holds it once (overlayfs refuses a layer
+    twice), and forks of the last one still see everything below it."""
+    template = "base"
+    _run(engine, source := _create(engine, made), "echo kept > /kept")
+    names = []
+    for _ in range(3):
+        name = _name()
+        snapshot = engine.call("snapshots.create", sandbox=source, name=name)
+        made.append(name)
+        names.append(name)
+        assert len(snapshot["layers"]) == len(set(snapshot["layers"])), snapshot["layers"]
+        source = _create(engine, made, name)
+        template = name
+    assert _run(engine, _create(engine, made, template), "cat /kept") == "kept\n"
+    stacks = [engine.call("templates.get", name=name)["layers"] for name in names]
+    assert len(stacks[2]) == len(stacks[1]) == 3 and stacks[1][0] == stacks[2][0], stacks
