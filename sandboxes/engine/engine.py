@@ -50,6 +50,7 @@ from . import (
 )
 from .cgroups import GROUP_PREFIX, PREFIX, Cgroups, Limits, detect, favor_moves, split_name
 from .config import EngineConfig
+from .desktop import Desktop
 from .errors import (
     CreateFailed,
     EngineError,
@@ -220,6 +221,7 @@ class Engine:
         self.spawner = SpawnerClient(config, self._init_exited)
         self.pools = WarmPools(self, parse_targets(config.warm_pools))
         self.snapshots = Snapshots(self)
+        self.desktop = Desktop(self)  # screenshots and input of a sandbox's X desktop (desktop.py)
         self.network = network.Network(config.network_pool, config.network_table, self.kernel)
         self.resolvers = resolver.Resolvers(
             self.network.admit, config.network_hosts, config.network_upstream

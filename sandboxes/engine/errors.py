@@ -77,6 +77,12 @@ class SandboxNotRunning(Conflict):
     code = "sandbox_not_running"
 
 
+class DesktopNotRunning(Conflict):
+    """A desktop call to a sandbox whose X desktop is not running (desktop.py)."""
+
+    code = "desktop_not_running"
+
+
 class TemplateExists(Conflict):
     code = "template_exists"
 

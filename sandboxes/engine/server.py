@@ -588,6 +588,20 @@ async def op_ports_wait(call: Call) -> Any:
     return await call.engine.wait_port(call.args.get("id"), call.args.get("port"), call.args.get("timeout_s", 30))
 
 
+async def op_desktop_screenshot(call: Call) -> Any:
+    """The sandbox's screen as an image (desktop.py): its bytes as ``image_b64``."""
+    shot = await call.engine.desktop.screenshot(call.args.get("id"), call.args)
+    return {**{name: value for name, value in shot.items() if name != "image"}, "image_b64": base64.b64encode(shot["image"]).decode()}
+
+
+async def op_desktop_info(call: Call) -> Any:
+    return await call.engine.desktop.info(call.args.get("id"))
+
+
+async def op_desktop_act(call: Call) -> Any:
+    return await call.engine.desktop.act(call.args.get("id"), call.args.get("actions"))
+
+
 async def op_model_servers_ensure(call: Call) -> Any:
     """A dedicated endpoint's model server running on this host (model_servers.py); a replay returns it."""
     return await call.engine.model_servers.ensure(call.args)
@@ -661,6 +675,9 @@ OPS: dict[str, Handler] = {
     "snapshots.export": op_snapshots_export,
     "snapshots.import": op_snapshots_import,
     "ports.wait": op_ports_wait,
+    "desktop.screenshot": op_desktop_screenshot,
+    "desktop.info": op_desktop_info,
+    "desktop.act": op_desktop_act,
     "model_servers.ensure": op_model_servers_ensure,
     "model_servers.remove": op_model_servers_remove,
     "model_servers.list": op_model_servers_list,

@@ -54,10 +54,11 @@ def test_the_engines_modules_have_no_import_cycle():
     assert _cycle(_engine_imports()) == []
 
 
-def test_pools_and_snapshots_know_the_engine_only_by_protocol():
+def test_pools_snapshots_and_the_desktop_know_the_engine_only_by_protocol():
     graph = _engine_imports()
     assert "engine" not in graph["pool"]
     assert "engine" not in graph["snapshots"]
+    assert "engine" not in graph["desktop"]
 
 
 def test_sizes_is_a_leaf_the_control_plane_can_import():
