@@ -446,14 +446,39 @@ def build_debian_rootfs(
     result = subprocess.run(command, capture_output=True, text=True)
     if result.returncode != 0:
         raise TemplateImportFailed(f"debootstrap failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+    _forget_build_host(target)
+    return target
+
+
+def install_debian_packages(target: Path, packages: tuple[str, ...]) -> Path:
+    """Debian packages installed into a root filesystem ``build_debian_rootfs`` made, by its own apt in a
+    chroot (apt resolves what debootstrap's ``--include`` cannot: virtual packages, alternatives), without
+    recommends; apt's downloads and lists are removed after."""
+    resolv = target / "etc" / "resolv.conf"
+    resolv.unlink(missing_ok=True)  # never written through a link the root filesystem holds
+    shutil.copyfile("/etc/resolv.conf", resolv)
+    proc = target / "proc"
+    subprocess.run(["mount", "-t", "proc", "proc", str(proc)], check=True)
+    try:
+        script = "apt-get update -q && apt-get install -y -q --no-install-recommends \"$@\""
+        command = ["chroot", str(target), "/usr/bin/env", "DEBIAN_FRONTEND=noninteractive", "sh", "-c", script, "apt", *packages]
+        result = subprocess.run(command, capture_output=True, text=True)
+    finally:
+        subprocess.run(["umount", str(proc)], check=False)
+    if result.returncode != 0:
+        raise TemplateImportFailed(f"apt-get install failed: {result.stdout[-2000:]}{result.stderr[-2000:]}")
+    _forget_build_host(target)
+    return target
+
+
+def _forget_build_host(target: Path) -> None:
+    """apt's downloads and lists, and the build host's resolv.conf (a resolver no sandbox reaches), removed."""
     for cache in ("var/cache/apt/archives", "var/lib/apt/lists"):
         for item in (target / cache).glob("*"):
             if item.is_file():
                 item.unlink()
-    # debootstrap copied this host's resolv.conf: a resolver no sandbox reaches.
     fd = os.open(target, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         forget_resolver(Tree(fd, IdShift(0, 1 << 32)))
     finally:
         os.close(fd)
-    return target
