@@ -151,6 +151,10 @@ ROUTES: list[tuple[str, str, Action]] = [
     ("POST", "/sandboxes/{sandbox_id}/processes/{pid}/signal", Action.RUN_SANDBOXES),
     ("POST", "/sandboxes/{sandbox_id}/processes/{pid}/wait", Action.RUN_SANDBOXES),
     ("GET", "/sandboxes/{sandbox_id}/processes/{pid}/pty", Action.RUN_SANDBOXES),  # websocket
+    ("GET", "/sandboxes/{sandbox_id}/desktop", Action.SEE_SANDBOXES),
+    ("POST", "/sandboxes/{sandbox_id}/desktop/screenshot", Action.RUN_SANDBOXES),
+    ("POST", "/sandboxes/{sandbox_id}/desktop/actions", Action.RUN_SANDBOXES),
+    ("POST", "/sandboxes/{sandbox_id}/desktop/view", Action.RUN_SANDBOXES),
     ("GET", "/sandboxes/{sandbox_id}/ports", Action.SEE_SANDBOXES),
     ("POST", "/sandboxes/{sandbox_id}/ports", Action.RUN_SANDBOXES),
     ("DELETE", "/sandboxes/{sandbox_id}/ports/{port}", Action.RUN_SANDBOXES),

@@ -14,6 +14,7 @@ from grading.api import grades as grades_api
 from grading.api import inference as inference_api
 from sandboxes.api import batch as batch_api
 from sandboxes.api import data as data_api
+from sandboxes.api import desktop as desktop_api
 from sandboxes.api import launches as launches_api
 from sandboxes.api import leases as leases_api
 from sandboxes.api import metrics as metrics_api
@@ -39,6 +40,7 @@ for module in (
     data_api,
     processes_api,
     ports_api,
+    desktop_api,
     batch_api,
     launches_api,
     metrics_api,

@@ -792,3 +792,89 @@ class TemplateBuildOut(Schema):
     error_output: str = Field(..., description="the failed step's output, its last 16 KiB")
     created_at: datetime
     ended_at: datetime | None
+
+
+# The desktop (sandboxes/engine/desktop.py checks each action again, field by field).
+class ScreenSize(Schema):
+    width: int
+    height: int
+
+
+class CursorPosition(Schema):
+    x: int
+    y: int
+
+
+class DesktopOut(Schema):
+    screen: ScreenSize = Field(..., description="the desktop's screen, in pixels (what coordinates refer to)")
+    cursor: CursorPosition
+
+
+class ScreenshotIn(Input):
+    scale: float | None = Field(None, ge=0.05, le=1, description="the image's size as a part of the screen's")
+    max_width: int | None = Field(None, ge=16, le=8192, description="scaled down (keeping its shape) to fit this width")
+    max_height: int | None = Field(None, ge=16, le=8192, description="scaled down (keeping its shape) to fit this height")
+    format: Literal["png", "jpeg"] = "png"
+    quality: int | None = Field(None, ge=10, le=95, description="jpeg only (80 unless given)")
+
+
+class ScreenshotOut(Schema):
+    width: int = Field(..., description="the image's width")
+    height: int
+    scale: float = Field(..., description="image pixels per screen pixel: divide an image coordinate by it for the screen's")
+    format: Literal["png", "jpeg"]
+    screen: ScreenSize
+    image_b64: str = Field(..., description="the encoded image, base64")
+
+
+class Point(Input):
+    x: int = Field(..., ge=0, le=8191)
+    y: int = Field(..., ge=0, le=8191)
+
+
+class DesktopAction(Input):
+    """One input action. ``type`` says which fields it takes (others are refused):
+
+    * ``move`` x, y; ``click`` [x, y], button, count (1-3); ``double_click``, ``triple_click`` [x, y], button;
+      ``mouse_down``, ``mouse_up`` [x, y], button; ``drag`` path (2-256 points), button;
+    * ``scroll`` [x, y], dx, dy (wheel steps; positive dy is down, positive dx is right);
+    * ``key`` keys (pressed together: ``["ctrl", "c"]`` or ``"ctrl+c"``), repeat; ``hold_key`` keys, seconds;
+    * ``type`` text; ``wait`` seconds; ``cursor_position`` (every answer carries the cursor anyway).
+
+    Without x and y, a click, press or scroll happens where the cursor is."""
+
+    type: Literal[
+        "move", "click", "double_click", "triple_click", "mouse_down", "mouse_up", "drag", "scroll",
+        "key", "hold_key", "type", "wait", "cursor_position",
+    ]  # fmt: skip
+    x: int | None = Field(None, ge=0, le=8191)
+    y: int | None = Field(None, ge=0, le=8191)
+    button: Literal["left", "middle", "right", "back", "forward"] | None = None
+    count: int | None = Field(None, ge=1, le=3)
+    path: list[Point] | None = Field(None, min_length=2, max_length=256)
+    dx: int | None = Field(None, ge=-100, le=100)
+    dy: int | None = Field(None, ge=-100, le=100)
+    keys: list[str] | str | None = Field(None, description="key names: enter, esc, ctrl, shift, alt, cmd, a, F5, Page_Up, ...")
+    repeat: int | None = Field(None, ge=1, le=100)
+    seconds: float | None = Field(None, ge=0, le=10)
+    text: str | None = Field(None, min_length=1, max_length=10_000)
+
+
+class DesktopActionsIn(Input):
+    actions: list[DesktopAction] = Field(..., min_length=1, max_length=64, description="done in order; all checked first")
+
+
+class DesktopActionsOut(DesktopOut):
+    done: int = Field(..., description="how many actions were done (all of them: a refused one refuses the batch)")
+
+
+class DesktopViewIn(Input):
+    mode: Literal["view", "control"] = Field("view", description="view: watch only; control: mouse and keyboard too")
+    token_ttl_s: int = Field(3600, ge=60, le=7 * 24 * 3600, description="how long the signed URL works")
+
+
+class DesktopViewOut(Schema):
+    mode: Literal["view", "control"]
+    port: int = Field(..., description="the sandbox's noVNC port behind the URL (6081 view-only, 6080 control)")
+    url: str = Field(..., description="the live view (noVNC in a browser), signed; it sets a cookie for its own requests")
+    expires_at: datetime

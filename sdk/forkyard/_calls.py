@@ -381,6 +381,30 @@ def wait_port(sandbox_id: str, port: int, timeout_s: float) -> Call:
     )
 
 
+# --- desktop ---------------------------------------------------------------------------
+
+
+def desktop_info(sandbox_id: str) -> Call:
+    return Call("GET", _sandbox(sandbox_id, "/desktop"))
+
+
+def desktop_screenshot(sandbox_id: str, body: dict[str, Any]) -> Call:
+    return Call("POST", _sandbox(sandbox_id, "/desktop/screenshot"), json=body)
+
+
+def desktop_actions(sandbox_id: str, actions: Iterable[Mapping[str, Any]]) -> Call:
+    items = [dict(action) for action in actions]
+    seconds = sum(float(item.get("seconds") or 0) for item in items)
+    return Call("POST", _sandbox(sandbox_id, "/desktop/actions"), json={"actions": items}, read_timeout_s=60 + seconds)
+
+
+def desktop_view(sandbox_id: str, mode: str, token_ttl_s: int | None) -> Call:
+    body: dict[str, Any] = {"mode": mode}
+    if token_ttl_s is not None:
+        body["token_ttl_s"] = token_ttl_s
+    return Call("POST", _sandbox(sandbox_id, "/desktop/view"), json=body)
+
+
 # --- files -----------------------------------------------------------------------------
 
 

@@ -22,11 +22,12 @@ docstrings, which are copied over from ``forkyard.client`` at import.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, Unpack, cast
+from typing import Any, Generic, Literal, Self, TypeVar, Unpack, cast
 
 import httpx
 
@@ -34,6 +35,7 @@ from . import _calls as calls
 from . import _grading, _trees
 from . import client as sync
 from ._calls import MAX_WAIT_S, Body, ExecOptions, PortAuth, ProcessOptions, SandboxOptions, Services
+from ._desktop import BROWSER_PORT, DesktopActions, async_forwarded, screenshot_body
 from ._http import AsyncSender, Call, RetryPolicy, Settings
 from ._lifetime import AsyncLeaseKeeper, ExitGuard, LeaseOptions, Unwinding, lease_options
 from ._pages import Page, every_async
@@ -43,6 +45,7 @@ from .errors import Conflict, NotFound, Unavailable
 from .models import (
     BatchResult,
     BatchSummary,
+    DesktopState,
     ExecChunk,
     ExecResult,
     ExposedPort,
@@ -53,10 +56,12 @@ from .models import (
     Killed,
     LaunchFields,
     Lease,
+    LiveView,
     Metrics,
     ProcessFields,
     ProcessOutput,
     SandboxFields,
+    Screenshot,
     SnapshotFields,
     WatchEvent,
 )
@@ -211,6 +216,7 @@ class AsyncSandbox(SandboxFields):
         self.files = AsyncFiles(sender, self.id)
         self.processes = AsyncProcesses(sender, self.id)
         self.ports = AsyncPorts(sender, self.id)
+        self.desktop = AsyncDesktop(sender, self.id)
 
     def _apply(self, data: Mapping[str, Any]) -> None:
         super()._apply(data)
@@ -428,6 +434,43 @@ class AsyncFiles:
                 archive.write(chunk)
             archive.seek(0)
             return await asyncio.to_thread(_trees.unpack, archive, local)
+
+
+class AsyncDesktop(DesktopActions[Awaitable[DesktopState]]):
+    def __init__(self, sender: AsyncSender, sandbox_id: str) -> None:
+        self._sender, self._sandbox_id = sender, sandbox_id
+
+    async def info(self) -> DesktopState:
+        return DesktopState.from_answer(await self._sender.json(calls.desktop_info(self._sandbox_id)))
+
+    async def screenshot(
+        self,
+        *,
+        scale: float | None = None,
+        max_width: int | None = None,
+        max_height: int | None = None,
+        format: Literal["png", "jpeg"] = "png",
+        quality: int | None = None,
+    ) -> Screenshot:
+        body = screenshot_body(scale, max_width, max_height, format, quality)
+        return Screenshot.from_answer(await self._sender.json(calls.desktop_screenshot(self._sandbox_id, body)))
+
+    def act(self, *actions: Mapping[str, Any]) -> Awaitable[DesktopState]:
+        async def send() -> DesktopState:
+            return DesktopState.from_answer(await self._sender.json(calls.desktop_actions(self._sandbox_id, actions)))
+
+        return send()
+
+    async def cursor(self) -> tuple[int, int]:
+        state = await self.info()
+        return state.cursor_x, state.cursor_y
+
+    async def live_view(self, mode: Literal["view", "control"] = "view", *, token_ttl_s: int | None = None) -> LiveView:
+        return LiveView.from_api(await self._sender.json(calls.desktop_view(self._sandbox_id, mode, token_ttl_s)))
+
+    def browser(self) -> contextlib.AbstractAsyncContextManager[str]:
+        """``async with sandbox.desktop.browser() as url:`` (see the sync client)."""
+        return async_forwarded(self._sender.settings, self._sandbox_id, BROWSER_PORT)
 
 
 class AsyncPorts:

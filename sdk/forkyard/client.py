@@ -2,18 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, Self, TypeVar, Unpack, cast
+from typing import Any, Generic, Literal, Self, TypeVar, Unpack, cast
 
 import httpx
 
 from . import _calls as calls
 from . import _grading, _trees
 from ._calls import MAX_WAIT_S, Body, ExecOptions, PortAuth, ProcessOptions, SandboxOptions, Services
+from ._desktop import BROWSER_PORT, DesktopActions, forwarded, screenshot_body
 from ._http import Call, RetryPolicy, Sender, Settings
 from ._lifetime import ExitGuard, LeaseKeeper, LeaseOptions, Unwinding, lease_options
 from ._pages import Page, every
@@ -23,6 +25,7 @@ from .errors import Conflict, NotFound, Unavailable
 from .models import (
     BatchResult,
     BatchSummary,
+    DesktopState,
     ExecChunk,
     ExecResult,
     ExposedPort,
@@ -33,10 +36,12 @@ from .models import (
     Killed,
     LaunchFields,
     Lease,
+    LiveView,
     Metrics,
     ProcessFields,
     ProcessOutput,
     SandboxFields,
+    Screenshot,
     SnapshotFields,
     WatchEvent,
 )
@@ -243,6 +248,7 @@ class Sandbox(SandboxFields):
         self.files = Files(sender, self.id)
         self.processes = Processes(sender, self.id)
         self.ports = Ports(sender, self.id)
+        self.desktop = Desktop(sender, self.id)
 
     def _apply(self, data: Mapping[str, Any]) -> None:
         super()._apply(data)
@@ -550,6 +556,49 @@ class Ports:
             if answer["listening"]:
                 return
             deadline.next_poll(0.0)  # raises once the time is up
+
+
+class Desktop(DesktopActions[DesktopState]):
+    """``sandbox.desktop``: the screen and input of a sandbox made from the desktop environment.  Every
+    action helper (``click``, ``type``, ``key``, ``drag``, ``scroll``, ...) answers with the screen size
+    and the cursor; ``act`` sends several actions in one request."""
+
+    def __init__(self, sender: Sender, sandbox_id: str) -> None:
+        self._sender, self._sandbox_id = sender, sandbox_id
+
+    def info(self) -> DesktopState:
+        return DesktopState.from_answer(self._sender.json(calls.desktop_info(self._sandbox_id)))
+
+    def screenshot(
+        self,
+        *,
+        scale: float | None = None,
+        max_width: int | None = None,
+        max_height: int | None = None,
+        format: Literal["png", "jpeg"] = "png",
+        quality: int | None = None,
+    ) -> Screenshot:
+        """The screen, full size or scaled down (``scale``, or to fit ``max_width``/``max_height``)."""
+        body = screenshot_body(scale, max_width, max_height, format, quality)
+        return Screenshot.from_answer(self._sender.json(calls.desktop_screenshot(self._sandbox_id, body)))
+
+    def act(self, *actions: Mapping[str, Any]) -> DesktopState:
+        """Actions as the API takes them (``{"type": "click", "x": 10, "y": 20}``, ...), in order."""
+        return DesktopState.from_answer(self._sender.json(calls.desktop_actions(self._sandbox_id, actions)))
+
+    def cursor(self) -> tuple[int, int]:
+        state = self.info()
+        return state.cursor_x, state.cursor_y
+
+    def live_view(self, mode: Literal["view", "control"] = "view", *, token_ttl_s: int | None = None) -> LiveView:
+        """A signed URL of the desktop in a browser (noVNC): ``view`` watches only, ``control`` takes input."""
+        return LiveView.from_api(self._sender.json(calls.desktop_view(self._sandbox_id, mode, token_ttl_s)))
+
+    def browser(self) -> contextlib.AbstractContextManager[str]:
+        """``with sandbox.desktop.browser() as url:`` the sandbox's Chromium (DevTools protocol) at a local
+        ``http://127.0.0.1:<port>`` while the block runs, for ``playwright.chromium.connect_over_cdp(url)``
+        (needs ``forkyard[forward]``)."""
+        return forwarded(self._sender.settings, self._sandbox_id, BROWSER_PORT)
 
 
 class Processes:

@@ -856,3 +856,59 @@ class ExposedPort(ApiValue):
     token_url: str | None = None
     token_expires_at: datetime | None = None
     created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class DesktopState(ApiValue):
+    """A desktop's screen size (what coordinates refer to) and cursor; ``done`` after ``act``."""
+
+    screen_width: int
+    screen_height: int
+    cursor_x: int
+    cursor_y: int
+    done: int = 0
+
+    @classmethod
+    def from_answer(cls, data: Mapping[str, Any]) -> DesktopState:
+        screen, cursor = data["screen"], data["cursor"]
+        return cls(screen["width"], screen["height"], cursor["x"], cursor["y"], int(data.get("done", 0)))
+
+
+@dataclass(frozen=True)
+class Screenshot(ApiValue):
+    """A desktop's screen as an image: ``image`` holds its bytes (PNG or JPEG).  ``scale`` maps it back
+    to the screen: screen x = image x / scale."""
+
+    image: bytes
+    width: int
+    height: int
+    scale: float
+    format: str
+    screen_width: int
+    screen_height: int
+
+    @classmethod
+    def from_answer(cls, data: Mapping[str, Any]) -> Screenshot:
+        return cls(
+            image=base64.b64decode(data["image_b64"]),
+            width=data["width"],
+            height=data["height"],
+            scale=data["scale"],
+            format=data["format"],
+            screen_width=data["screen"]["width"],
+            screen_height=data["screen"]["height"],
+        )
+
+    def save(self, path: str) -> None:
+        with open(path, "wb") as out:
+            out.write(self.image)
+
+
+@dataclass(frozen=True)
+class LiveView(ApiValue):
+    """A signed URL of a desktop in a browser (noVNC): ``view`` only watches, ``control`` takes input."""
+
+    mode: str
+    port: int
+    url: str
+    expires_at: datetime | None = None
