@@ -217,6 +217,11 @@ def chord(raw: dict[str, Any], field: str) -> str:
     return "+".join(keysym(key, f"{field}.keys.{index}") for index, key in enumerate(keys))
 
 
+def _repeat(count: int, delay_ms: int) -> list[str]:
+    """xdotool's options for ``count`` presses ``delay_ms`` apart (none for one press)."""
+    return ["--repeat", str(count), "--delay", str(delay_ms)] if count > 1 else []
+
+
 def xdotool_argv(action: Any, field: str, screen: Screen) -> list[str] | float | None:
     """One action: the xdotool argv that does it, seconds to wait (``wait``), or None (``cursor_position``)."""
     if not isinstance(action, dict) or not isinstance(action.get("type"), str):
@@ -228,16 +233,20 @@ def xdotool_argv(action: Any, field: str, screen: Screen) -> list[str] | float |
     unknown = set(action) - allowed - {"type"}
     if unknown:
         raise InvalidRequest(f"unknown fields for {kind}: {', '.join(sorted(unknown))}", field=field)
+    # No ``mousemove --sync``: it waits for the pointer to leave where it is, so a move to where it
+    # already is waited xdotool's 15 s. One xdotool's requests reach the X server in order, and each
+    # action's xdotool has exited (its display closed, so synced) before the next one starts.
     argv = ["xdotool"]
     if kind in ("move", "click", "double_click", "triple_click", "mouse_down", "mouse_up", "scroll"):
         if kind == "move" or "x" in action or "y" in action:
             x, y = _point(action, field, screen)
-            argv += ["mousemove", "--sync", str(x), str(y)]
+            argv += ["mousemove", str(x), str(y)]
     if kind == "move":
         return argv
     if kind in CLICK_COUNTS:
         count = CLICK_COUNTS[kind] or _int(action, "count", field, 1, 3, default=1)
-        return [*argv, "click", "--repeat", str(count), "--delay", "80", _button(action, field)]
+        # --delay is slept after the last click too: only given when there is a next one.
+        return [*argv, "click", *_repeat(count, 80), _button(action, field)]
     if kind in ("mouse_down", "mouse_up"):
         return [*argv, kind.replace("_", ""), _button(action, field)]
     if kind == "drag":
@@ -246,9 +255,9 @@ def xdotool_argv(action: Any, field: str, screen: Screen) -> list[str] | float |
             raise InvalidRequest("path is a list of 2 to 256 points {x, y}", field=f"{field}.path")
         points = [_point(point, f"{field}.path.{index}", screen) for index, point in enumerate(path)]
         button = _button(action, field)
-        argv += ["mousemove", "--sync", *map(str, points[0]), "mousedown", button]
+        argv += ["mousemove", *map(str, points[0]), "mousedown", button]
         for x, y in points[1:]:
-            argv += ["mousemove", "--sync", str(x), str(y)]
+            argv += ["mousemove", str(x), str(y)]
         return [*argv, "mouseup", button]
     if kind == "scroll":
         dx, dy = _int(action, "dx", field, -100, 100, default=0), _int(action, "dy", field, -100, 100, default=0)
@@ -258,7 +267,7 @@ def xdotool_argv(action: Any, field: str, screen: Screen) -> list[str] | float |
         return argv
     if kind == "key":
         repeat = _int(action, "repeat", field, 1, 100, default=1)
-        return [*argv, "key", "--repeat", str(repeat), "--delay", "20", chord(action, field)]
+        return [*argv, "key", *_repeat(repeat, 20), chord(action, field)]
     if kind == "hold_key":
         keys = chord(action, field)
         seconds = action.get("seconds", 0.5)

@@ -6,7 +6,7 @@ import struct
 
 import pytest
 
-from sandboxes.engine.desktop import XWD_HEADER, read_header, screenshot_options, target_size
+from sandboxes.engine.desktop import XWD_HEADER, read_header, screenshot_options, target_size, xdotool_argv
 from sandboxes.engine.errors import DesktopNotRunning, InvalidRequest
 
 
@@ -58,3 +58,34 @@ def test_screenshot_options_are_checked_before_the_screen_is_read():
     assert target_size(screen, screenshot_options({"max_width": 1024})) == (1024, 640, 0.8)
     assert target_size(screen, screenshot_options({"scale": 0.5, "max_height": 600})) == (640, 400, 0.5)
     assert target_size(screen, screenshot_options({})) == (1280, 800, 1.0)
+
+
+def test_moves_do_not_wait_for_the_pointer_to_move():
+    """xdotool's ``mousemove --sync`` waits (15 s) when the pointer is already where it is sent: an agent
+    clicking twice at one place must not wait for it."""
+    screen = read_header(header(1280, 800), full_size(1280, 800))
+    for action in (
+        {"type": "move", "x": 10, "y": 10},
+        {"type": "click", "x": 10, "y": 10},
+        {"type": "drag", "path": [{"x": 1, "y": 1}, {"x": 10, "y": 10}]},
+    ):
+        argv = xdotool_argv(action, "actions.0", screen)
+        assert isinstance(argv, list) and "mousemove" in argv and "--sync" not in argv, argv
+
+
+def test_one_press_is_not_followed_by_a_delay():
+    """xdotool sleeps ``--delay`` after the last click or key too: a single one is given none."""
+    screen = read_header(header(1280, 800), full_size(1280, 800))
+    assert xdotool_argv({"type": "click", "x": 5, "y": 5}, "a", screen) == ["xdotool", "mousemove", "5", "5", "click", "1"]
+    assert xdotool_argv({"type": "key", "keys": "enter"}, "a", screen) == ["xdotool", "key", "Return"]
+    double = xdotool_argv({"type": "double_click"}, "a", screen)
+    assert double == ["xdotool", "click", "--repeat", "2", "--delay", "80", "1"]
+    assert xdotool_argv({"type": "key", "keys": "tab", "repeat": 3}, "a", screen) == [
+        "xdotool",
+        "key",
+        "--repeat",
+        "3",
+        "--delay",
+        "20",
+        "Tab",
+    ]
