@@ -218,8 +218,9 @@ def chord(raw: dict[str, Any], field: str) -> str:
 
 
 def _repeat(count: int, delay_ms: int) -> list[str]:
-    """xdotool's options for ``count`` presses ``delay_ms`` apart (none for one press)."""
-    return ["--repeat", str(count), "--delay", str(delay_ms)] if count > 1 else []
+    """xdotool's options for ``count`` presses ``delay_ms`` apart; one press gets ``--delay 0``, as
+    xdotool sleeps the delay (by default 100 ms for a click) after the last press too."""
+    return ["--repeat", str(count), "--delay", str(delay_ms)] if count > 1 else ["--delay", "0"]
 
 
 def xdotool_argv(action: Any, field: str, screen: Screen) -> list[str] | float | None:
@@ -245,7 +246,6 @@ def xdotool_argv(action: Any, field: str, screen: Screen) -> list[str] | float |
         return argv
     if kind in CLICK_COUNTS:
         count = CLICK_COUNTS[kind] or _int(action, "count", field, 1, 3, default=1)
-        # --delay is slept after the last click too: only given when there is a next one.
         return [*argv, "click", *_repeat(count, 80), _button(action, field)]
     if kind in ("mouse_down", "mouse_up"):
         return [*argv, kind.replace("_", ""), _button(action, field)]
