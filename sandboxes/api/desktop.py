@@ -16,9 +16,10 @@ from ninja import Router
 
 from console.api_base import ERRORS, key_of
 from console.db import db
+from console.models import Team
 
 from .. import selectors
-from ..models import ExposedPort
+from ..models import ExposedPort, Sandbox
 from ..schemas import DesktopActionsIn, DesktopActionsOut, DesktopOut, DesktopViewIn, DesktopViewOut, ScreenshotIn, ScreenshotOut
 from ..services import ports as port_services
 from . import preview
@@ -63,14 +64,20 @@ async def live_view(request: HttpRequest, sandbox_id: str, payload: DesktopViewI
     team = key_of(request).team
     sandbox = await db(selectors.sandbox_for)(team, sandbox_id)
     await _engine_call(request, sandbox_id, "desktop.info")  # a desktop, running: else desktop_not_running
-    port = VIEW_PORTS[payload.mode]
-    row = await db(port_services.port_expose)(team=team, sandbox=sandbox, port=port, auth=ExposedPort.Auth.TOKEN)
-    token, expires = preview.token_for(row, payload.token_ttl_s)
-    url = f"{preview.url_of(row, request.META.get('HTTP_HOST', ''))}{VIEW_PAGE}"
-    if payload.mode == "view":
+    return 201, await db(live_view_for)(team, sandbox, payload.mode, payload.token_ttl_s, request.META.get("HTTP_HOST", ""))
+
+
+def live_view_for(team: Team, sandbox: Sandbox, mode: str, token_ttl_s: int, request_host: str) -> dict[str, Any]:
+    """The desktop's noVNC port for ``mode`` exposed with ``token`` auth, and its signed page URL (the
+    API's live view and the console's sandbox page). The caller has checked that a desktop runs."""
+    port = VIEW_PORTS[mode]
+    row = port_services.port_expose(team=team, sandbox=sandbox, port=port, auth=ExposedPort.Auth.TOKEN)
+    token, expires = preview.token_for(row, token_ttl_s)
+    url = f"{preview.url_of(row, request_host)}{VIEW_PAGE}"
+    if mode == "view":
         url += "&view_only=1"
-    return 201, {
-        "mode": payload.mode,
+    return {
+        "mode": mode,
         "port": port,
         "url": f"{url}&{preview.TOKEN_NAME}={token}",
         "expires_at": datetime.fromtimestamp(expires, UTC),

@@ -28,6 +28,7 @@ from sandboxes.engine.client import ExecOutput
 from sandboxes.engine.errors import EngineError
 
 from .. import engine_link, selectors, sizes
+from ..api.desktop import VIEW_PORTS, live_view_for
 from ..forms import ExecForm, NewSandboxForm, SandboxFilterForm, ServiceFormSet, SnapshotForm, TerminalForm
 from ..models import Sandbox
 from ..services.sandboxes import sandbox_create, sandbox_destroy, sandbox_pause
@@ -36,6 +37,7 @@ from ..services.snapshots import snapshot_create
 PAGE_SIZE = 50
 OUTPUT_CAP = 256 * 1024  # per stream: a page, not a download
 DOWNLOAD_CAP = 16 * 1024 * 1024  # a file from the page's browser; larger ones through the API
+VIEW_TTL_S = 3600  # the console's live view link: an hour, as the API's by default
 
 
 @vary_on_headers("HX-Request")
@@ -257,6 +259,49 @@ def _run(sandbox: Sandbox, cmd: str, timeout_s: float) -> tuple[ExecOutput | Non
         return client.exec(sandbox.engine_id, cmd, timeout_s=timeout_s, max_output_bytes=OUTPUT_CAP), None
     except EngineError as error:
         return None, engine_link.refusal(error, sandbox).message
+
+
+def _desktop(sandbox: Sandbox) -> dict[str, Any] | None:
+    """The sandbox's screen and cursor (the engine's ``desktop.info``) if an X desktop runs in it (one
+    made from the desktop environment); None otherwise. No process runs for it without a screen."""
+    if not sandbox.reachable or sandbox.host is None:
+        return None
+    try:
+        info: dict[str, Any] = engine_link.engine(sandbox.host.engine_socket).call("desktop.info", id=sandbox.engine_id)
+    except EngineError:
+        return None
+    return info
+
+
+@never_cache
+@team_view()
+def sandbox_desktop(request: HttpRequest, membership: Membership, sandbox_id: str) -> HttpResponse:
+    """The page's desktop panel, loaded after the page: empty unless a desktop runs in the sandbox."""
+    sandbox = selectors.sandbox_for(membership.team, sandbox_id)
+    return render(request, "sandboxes/_desktop.html", {"sandbox": sandbox, "desktop": _desktop(sandbox)})
+
+
+@never_cache  # the signed URL is the caller's alone
+@require_POST
+@team_view(Action.RUN_SANDBOXES)
+def sandbox_desktop_view(request: HttpRequest, membership: Membership, sandbox_id: str) -> HttpResponse:
+    """The live view (the API's ``POST .../desktop/view``): a page that sends the tab the panel's form
+    opens on to noVNC's signed page (a redirect would break the console's ``form-action 'self'``). A
+    tab, not a frame on this page: the view's token cookie is SameSite=Lax, which a browser does not
+    send from a frame of another site (the console's host is not the preview's)."""
+    sandbox = selectors.sandbox_for(membership.team, sandbox_id)
+    mode = request.POST.get("mode", "view")
+    if mode not in VIEW_PORTS:
+        return HttpResponse(f"mode is one of {', '.join(VIEW_PORTS)}", status=400, content_type="text/plain; charset=utf-8")
+    if _desktop(sandbox) is None:
+        return HttpResponse(
+            f"No desktop runs in {sandbox.id} now (it is {sandbox.state}).", status=409, content_type="text/plain; charset=utf-8"
+        )
+    try:
+        view = live_view_for(membership.team, sandbox, mode, VIEW_TTL_S, request.META.get("HTTP_HOST", ""))
+    except Refused as refused:
+        return HttpResponse(refused.message, status=409, content_type="text/plain; charset=utf-8")
+    return render(request, "sandboxes/desktop_view.html", {"sandbox": sandbox, "view": view})
 
 
 @never_cache  # the output is the caller's alone, and is not kept anywhere

@@ -28,6 +28,7 @@ from playwright.sync_api import Browser, Page
 
 from forkyard import Client
 from tests.api.test_template_builds import build
+from tests.browser.conftest import sign_in
 from tests.support.stack import Stack, Team
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -44,6 +45,14 @@ const g = c.getContext('2d');
 addEventListener('mousedown', e => { g.fillStyle = 'rgb(0,192,0)'; g.fillRect(e.clientX - 10, e.clientY - 10, 20, 20);
   document.title = 'clicked ' + e.clientX + ',' + e.clientY; });
 </script></body></html>"""
+# The noVNC canvas at the desktop's size with pixels drawn (the first update follows the resize).
+PAINTED = (
+    "() => { const c = document.querySelector('#noVNC_container canvas, canvas');"
+    " if (!c || c.width !== 1280 || c.height !== 800) return false;"
+    " const d = c.getContext('2d').getImageData(0, 0, 640, 400).data;"
+    " for (let i = 0; i < d.length; i += 4 * 97) if (d[i] + d[i + 1] + d[i + 2] > 0) return true;"
+    " return false; }"
+)
 
 
 @pytest.fixture(scope="module")
@@ -282,13 +291,38 @@ def test_the_live_view_loads_in_a_browser_and_shows_the_desktop(api: httpx.Clien
     try:
         page.goto(view.json()["url"])
         # Connected at the desktop's size, then its pixels drawn (the first update follows the resize).
-        page.wait_for_function(
-            "() => { const c = document.querySelector('#noVNC_container canvas, canvas');"
-            " if (!c || c.width !== 1280 || c.height !== 800) return false;"
-            " const d = c.getContext('2d').getImageData(0, 0, 640, 400).data;"
-            " for (let i = 0; i < d.length; i += 4 * 97) if (d[i] + d[i + 1] + d[i + 2] > 0) return true;"
-            " return false; }",
-            timeout=30_000,
-        )
+        page.wait_for_function(PAINTED, timeout=30_000)
     finally:
         page.close()
+
+
+def test_the_sandbox_page_shows_its_desktop_live(stack: Stack, page: Page, api: httpx.Client, machine: str, running: str):
+    sign_in(page, stack.teams[0])  # the team whose template the desktop is
+    # A sandbox without a desktop: its page has no desktop panel (loaded after the page, and empty).
+    page.goto(f"/sandboxes/{running}/")
+    page.wait_for_selector("#desktop-panel", state="attached")
+    assert page.locator("#desktop-panel").is_hidden()
+    assert page.get_by_role("button", name="Watch live").count() == 0
+    # A desktop's page: watching opens noVNC, view-only, on the preview host, and the desktop is drawn.
+    page.goto(f"/sandboxes/{machine}/")
+    with page.context.expect_page() as opened:
+        page.get_by_role("button", name="Watch live").click()
+    view = opened.value
+    try:
+        view.wait_for_url(lambda url: url.startswith("http://6081-"), wait_until="commit")  # the console's page, then noVNC's
+        assert view.url.startswith("http://6081-") and "/vnc.html?" in view.url and "view_only=1" in view.url, view.url
+        view.wait_for_function(PAINTED, timeout=30_000)
+    finally:
+        view.close()
+    ports = api.get(f"/api/v1/sandboxes/{machine}/ports").json()["ports"]
+    assert [(row["port"], row["auth"]) for row in ports] == [(6081, "token")]
+    # Taking control opens the interactive view instead (its own port, 6080).
+    with page.context.expect_page() as opened:
+        page.get_by_role("button", name="Take control").click()
+    control = opened.value
+    try:
+        control.wait_for_url(lambda url: url.startswith("http://6080-"), wait_until="commit")
+        assert control.url.startswith("http://6080-") and "view_only" not in control.url, control.url
+    finally:
+        control.close()
+    assert {row["port"] for row in api.get(f"/api/v1/sandboxes/{machine}/ports").json()["ports"]} == {6080, 6081}
