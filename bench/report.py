@@ -1,6 +1,6 @@
 """docs/benchmarks.md's tables, written from the results the benchmarks keep in bench/results/.
 
-    .venv/bin/python bench/report.py [engine|leak|api|snapshot|board|console|hosts|template ...]
+    .venv/bin/python bench/report.py [engine|leak|api|snapshot|board|console|hosts|template|desktop ...]
 
 Reads each script's latest full run (``<name>-latest.json``, committed) and
 prints its tables as Markdown, with when it ran and what else ran on the
@@ -683,6 +683,65 @@ def template() -> str:
     return "\n\n".join(parts)
 
 
+def desktop() -> str:
+    parts = []
+    for backend in ("embedded", "postgres"):
+        report = load(f"desktop-{backend}")
+        if report is None:
+            parts.append(f"(no desktop results for {backend})")
+            continue
+        ours, peer = report["forkyard"], report.get("podman") or {}
+        forked, cold, trips = ours["forked"], ours["cold"], ours["round_trips_ms"]
+        peer_first = (peer.get("first_screenshot_ms") or {}).get("p50")
+        body = [
+            [
+                "forked, not waiting: create to first screenshot, p50 / p95 (ms)",
+                number([forked["first_screenshot_ms"]["p50"], forked["first_screenshot_ms"]["p95"]]),
+                "-",
+                "-",
+            ],
+            [
+                "forked, waiting for the handover (all 7 services), to first screenshot, p50 / p95 (ms)",
+                number([forked["waited_first_screenshot_ms"]["p50"], forked["waited_first_screenshot_ms"]["p95"]]),
+                "-",
+                "-",
+            ],
+            [
+                "of which the handover (services answering), p50 / p95 (ms)",
+                number([forked["handover_ms"]["p50"], forked["handover_ms"]["p95"]]),
+                "-",
+                "-",
+            ],
+            [
+                "cold: bare Debian, start Xvfb, first screenshot, p50 / p95 (ms)",
+                number([cold["first_screenshot_ms"]["p50"], cold["first_screenshot_ms"]["p95"]]),
+                number(peer_first),
+                ratio(peer_first, cold["first_screenshot_ms"]["p50"], False),
+            ],
+        ]
+        peer_trips = {"screenshot_png_full": "screenshot_png_full_ms", "move": "move_ms"}
+        for name, times in trips.items():
+            theirs = (peer.get(peer_trips.get(name, "")) or {}).get("p50")
+            body.append(
+                [
+                    f"{name.replace('_', ' ')}, p50 / p95 (ms)",
+                    number([times["p50"], times["p95"]]),
+                    number(theirs),
+                    ratio(theirs, times["p50"], False),
+                ]
+            )
+        body += [
+            ["build of the desktop template on the imported Debian, cold (s)", number(ours["build_cold_s"], 2), "-", "-"],
+            ["rebuild of the same spec, cached (s)", number(ours["build_cached_s"], 3), "-", "-"],
+        ]
+        parts += [
+            f"{backend}: " + provenance(report, f"desktop-{backend}"),
+            table(["measure", "forkyard", "podman (exec per call)", "forkyard vs podman"], body),
+            goals(report["goals_met"]),
+        ]
+    return "\n\n".join(parts)
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "engine": engine,
     "leak": leak,
@@ -696,6 +755,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "scale-grouped": lambda: scale("scale-grouped"),
     "inference": inference,
     "template": template,
+    "desktop": desktop,
 }
 
 
