@@ -7,7 +7,7 @@ from django.test import Client
 from django.urls import reverse
 
 from console.models import ApiKey, Membership, Role
-from sandboxes.models import Sandbox
+from sandboxes.models import ExposedPort, Sandbox
 from tests.console.conftest import World, client_for
 
 pytestmark = pytest.mark.django_db
@@ -29,6 +29,9 @@ def test_another_teams_objects_are_not_found(member_client: Client, admin_client
         assert member_client.get(reverse(f"console:{name}", args=[object_id])).status_code == 404, name
     assert member_client.post(reverse("console:sandbox-exec", args=[theirs["sandbox"]]), {"cmd": "id"}).status_code == 404
     assert member_client.post(reverse("console:sandbox-kill", args=[theirs["sandbox"]])).status_code == 404
+    assert member_client.get(reverse("console:sandbox-desktop", args=[theirs["sandbox"]])).status_code == 404
+    view = reverse("console:sandbox-desktop-view", args=[theirs["sandbox"]])
+    assert member_client.post(view, {"mode": "control"}).status_code == 404
     for name in ("policy-edit", "policy-delete"):
         assert admin_client.get(reverse(f"console:{name}", args=[theirs["policy"]])).status_code == 404, name
     assert admin_client.post(reverse("console:policy-delete", args=[theirs["policy"]])).status_code == 404
@@ -83,3 +86,14 @@ def test_the_team_switcher_changes_team_only_to_ones_you_belong_to(world: World,
     response = outsider.post(reverse("console:switch-team"), {"team": world.team_a.id}, follow=True)
     assert b"not a member of that team" in response.content
     assert b"Team A" not in outsider.get(reverse("console:overview")).content
+
+
+def test_a_desktop_view_of_an_unknown_mode_is_refused(member_client: Client, world: World, make_sandbox) -> None:
+    ours = make_sandbox(world.key_a).id
+    refused = member_client.post(reverse("console:sandbox-desktop-view", args=[ours]), {"mode": "everything"})
+    assert refused.status_code == 400 and b"mode is one of view, control" in refused.content
+    # Not running (queued): no desktop to show, said, and no port exposed for it.
+    idle = member_client.post(reverse("console:sandbox-desktop-view", args=[ours]), {"mode": "view"})
+    assert idle.status_code == 409 and b"No desktop runs" in idle.content
+    assert not ExposedPort.objects.filter(sandbox_id=ours).exists()
+    assert member_client.get(reverse("console:sandbox-desktop", args=[ours])).content.count(b"Watch live") == 0
