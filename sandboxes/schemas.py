@@ -279,8 +279,11 @@ class LaunchOut(Schema):
 
 
 class DeniedAttempt(Schema):
-    address: str
-    protocol: str = Field(..., description="`tcp` or `udp`")
+    address: str | None = Field(
+        ..., description="the address it tried; null for a name its resolver refused before any address"
+    )
+    name: str | None = Field(None, description="the name it asked for, where it was refused by name (DNS, TLS SNI, HTTP Host)")
+    protocol: str = Field(..., description="`tcp`, `udp`, or `dns` (a name its resolver refused)")
     port: int
     rule: str = Field(..., description="why it was refused: no rule allows it, a private address no rule names, metadata")
     at: datetime = Field(..., description="its last attempt (to the second)")

@@ -141,6 +141,11 @@ def parse_egress(raw: Any) -> list[Rule]:
                 raise InvalidRequest(
                     f"{where}.cidr: a sandbox has IPv4 only, so an IPv6 rule would reach nothing", field=f"{where}.cidr"
                 )
+            if network.subnet_of(METADATA):
+                raise InvalidRequest(
+                    f"{where}.cidr: link-local addresses (cloud metadata) are never reachable, so this rule would reach nothing",
+                    field=f"{where}.cidr",
+                )
         ports = item.get("ports") or []
         if (
             not isinstance(ports, list)

@@ -22,6 +22,7 @@ from console.audit import Act, Actor, audit_record
 from console.errors import Conflict, invalid
 from console.models import Team
 from sandboxes.engine import errors as engine_errors
+from sandboxes.engine.network import METADATA
 
 from .. import engine_link
 from ..models import NetworkPolicy, Sandbox
@@ -44,6 +45,11 @@ def _validate(egress: list[dict[str, Any]]) -> list[dict[str, Any]]:
             if network.version != 4:
                 raise invalid(
                     f"egress[{index}]: a sandbox has IPv4 only, so the IPv6 rule {cidr!r} would reach nothing",
+                    field=f"egress.{index}.cidr",
+                )
+            if network.subnet_of(METADATA):
+                raise invalid(
+                    f"egress[{index}]: link-local addresses (cloud metadata) are never reachable, so {cidr!r} would reach nothing",
                     field=f"egress.{index}.cidr",
                 )
             cidr = str(network)

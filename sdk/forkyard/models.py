@@ -76,13 +76,16 @@ class ErrorInfo(ApiValue):
 
 @dataclass(frozen=True)
 class DeniedAttempt(ApiValue):
-    """A connection its network policy refused: where to, and why (``rule``)."""
+    """A connection its network policy refused: where to, and why (``rule``). ``address`` is None and
+    ``protocol`` is ``dns`` for a name its resolver refused; ``name`` is the name it asked for, where
+    it was refused by name."""
 
-    address: str
+    address: str | None
     protocol: str
     port: int
     rule: str
     at: datetime | None = None
+    name: str | None = None
 
 
 @dataclass(frozen=True)

@@ -79,6 +79,12 @@ def test_a_wildcard_name_rule_through_the_api(api: httpx.Client, stack: Stack, s
         assert answer["stdout"] == "pong named\n", answer
         # The wildcard's own apex is not a subdomain: refused by the resolver.
         assert _exec(api, sandbox, "echo apex | nc -w 3 apitest.example 8080")["exit_code"] != 0
+        # And the refused name is in its denied log, by name: no address was ever given out for it.
+        metrics = api.get(f"/api/v1/sandboxes/{sandbox}/metrics")
+        assert metrics.status_code == 200, metrics.text
+        refused = [item for item in metrics.json()["network"]["denied"] if item["protocol"] == "dns"]
+        assert [(item["name"], item["address"], item["port"]) for item in refused][:1] == [("apitest.example", None, 53)]
+        assert "apitest.example" in refused[0]["rule"]
     finally:
         api.delete(f"/api/v1/sandboxes/{sandbox}")
 
@@ -127,10 +133,11 @@ def test_without_a_policy_metrics_show_no_network(api: httpx.Client, running: st
     [
         ({"cidr": "2001:db8::/32", "ports": [443]}, "egress.0.cidr"),  # a sandbox has IPv4 only
         ({"cidr": "not-a-network"}, "egress.0.cidr"),
+        ({"cidr": "169.254.169.254/32", "ports": [80]}, "egress.0.cidr"),  # cloud metadata: never, even named
         ({"host": "*.*.example.org"}, "egress.0.host"),
         ({"host": "pypi.org", "cidr": "10.0.0.0/8"}, "egress.0"),
     ],
-    ids=["ipv6", "not-a-network", "double-wildcard", "both"],
+    ids=["ipv6", "not-a-network", "metadata", "double-wildcard", "both"],
 )
 def test_a_rule_that_would_do_nothing_is_refused_naming_its_field(api: httpx.Client, rule: dict, field: str) -> None:
     answer = api.post("/api/v1/network-policies", json={"name": f"bad-{uuid.uuid4().hex[:6]}", "egress": [rule]})

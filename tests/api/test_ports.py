@@ -9,10 +9,13 @@ codes.
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import pytest
+from django.core import signing
 from websockets.sync.client import connect
 
 from tests.support.ports import HTTP_PORT, PAGE, WEBSOCKET_PORT, loopback_socket, serve_in, via_loopback, websocket_url
@@ -76,6 +79,33 @@ def test_a_token_port_takes_its_signed_url_then_its_cookie(stack, api, running):
     expose(api, running, HTTP_PORT, "public")
     expose(api, running, HTTP_PORT, "token")
     assert fetch(stack, port["token_url"]).status_code == 401
+
+
+def _preview_signer(stack: Any, now: float) -> signing.TimestampSigner:
+    """A signer with the web server's key (kept in its data directory) whose clock says ``now``."""
+    key = stack.environment().get("FORKYARD_SECRET_KEY") or (stack.base_dir / "web" / "secret_key").read_text().strip()
+
+    class At(signing.TimestampSigner):
+        def timestamp(self) -> str:
+            return signing.b62_encode(int(now))
+
+    return At(key=key, salt="forkyard.preview", fallback_keys=[])
+
+
+def test_an_expired_token_is_refused_though_its_signature_is_good(stack, api, running):
+    serve_in(api, running)
+    port = expose(api, running, HTTP_PORT, "token", token_ttl_s=60)
+    token = dict(parse_qsl(urlsplit(port["token_url"]).query))["forkyard_token"]
+    claims = _preview_signer(stack, time.time()).unsign_object(token)  # the server's key: its signature holds
+    # The same claims, signed two minutes ago, and again now: only the age differs.
+    expired = _preview_signer(stack, time.time() - 120).sign_object(claims)
+    fresh = _preview_signer(stack, time.time()).sign_object(claims)
+    refused = fetch(stack, port["url"] + "?forkyard_token=" + expired)
+    assert refused.status_code == 401 and refused.json()["error"]["code"] == "unauthorized"
+    assert "set-cookie" not in refused.headers
+    assert fetch(stack, port["url"], headers={"Cookie": f"forkyard_token={expired}"}).status_code == 401
+    signed = fetch(stack, port["url"] + "index.html?forkyard_token=" + fresh)
+    assert signed.status_code == 200 and signed.text == PAGE
 
 
 def test_a_port_nobody_listens_on_answers_502_and_wait_says_so(stack, api, running):

@@ -199,6 +199,12 @@ def test_the_page_shows_what_its_network_policy_refused(stack: Stack, browser: h
             page = browser.get(f"/sandboxes/{sandbox_id}/")
             assert page.status_code == 200 and 'id="denied"' in page.text
             assert f"<td><code>{server.address}</code></td><td>tcp 8081</td>" in page.text
+            assert re.search(r"<dd>[\d.]+\W\w+ out, [\d.]+\W\w+ in; [1-9][\d,]* packets refused", page.text)
+            # A name its resolver refused shows by name (it never had an address).
+            asked = api.post(f"/api/v1/sandboxes/{sandbox_id}/exec", json={"cmd": "echo x | nc -w 3 refused.example 80"})
+            assert asked.json()["exit_code"] != 0
+            page = browser.get(f"/sandboxes/{sandbox_id}/")
+            assert "<td><code>refused.example</code></td><td>dns 53</td>" in page.text
         finally:
             api.delete(f"/api/v1/sandboxes/{sandbox_id}")
 

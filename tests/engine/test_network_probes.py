@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
+from sandboxes.engine import errors
 from tests.engine.engines import separate_engine, wait_for
-from tests.engine.networks import NAMES, host_devices, net_engine, table_objects
+from tests.engine.networks import NAMES, connect, host_devices, net_engine, table_objects
 from tests.engine.test_name_proxy import client_hello, hosts
 from tests.support.engine import EngineProcess
 from tests.support.netns import Server, allow, server
@@ -77,6 +78,67 @@ def test_names_it_may_not_resolve_never_leave_the_host(server: Server, work_dir:
             assert any(item["protocol"] == "dns" and item["name"] == secret.lower() for item in denied)
             client.destroy(sandbox)
         subprocess.run(["nft", "delete", "table", "inet", engine.config.network_table], capture_output=True)
+
+
+def test_a_name_that_rebinds_into_a_private_range_is_not_followed(server: Server, work_dir: Path):
+    """DNS rebinding: a name its policy allows resolves first to a public address, then (the attacker's
+    server changed its answer) to a private one, here the test's own server. The resolver drops private
+    answers of upstream names, so the second answer gives the sandbox nothing and nothing arrives."""
+    name = "rebind.fytest.example"
+    server.answer({name: ["203.0.113.7"]})  # documentation space: never sent to, only given out
+    with separate_engine(work_dir / "rebind", env={"FORKYARD_ENGINE_NETWORK_UPSTREAM": server.address}) as engine:
+        with engine.client() as client:
+            sandbox = client.create(template="base", size="tiny", network={"egress": [{"host": name, "ports": [8080]}]})["id"]
+            first = client.exec(sandbox, f"nslookup {name}")
+            assert b"203.0.113.7" in first.stdout, first  # the upstream's public answer came through
+            server.answer({name: [server.address, "203.0.113.8"]})
+            second = client.exec(sandbox, f"nslookup {name}")
+            assert b"203.0.113.8" in second.stdout and server.address.encode() not in second.stdout, second
+            server.answer({name: [server.address]})
+            assert server.address.encode() not in client.exec(sandbox, f"nslookup {name}").stdout
+            assert client.exec(sandbox, f"echo rebound | nc -w 3 {server.address} 8080").exit_code != 0
+            assert server.received(8080) == b""
+            client.destroy(sandbox)
+        subprocess.run(["nft", "delete", "table", "inet", engine.config.network_table], capture_output=True)
+
+
+METADATA_ADDRESS = "169.254.169.254"
+
+
+def test_metadata_gets_nothing_under_the_widest_rule_and_a_rule_cannot_name_it(net_engine: EngineProcess, server: Server):
+    """The metadata address, routed by the test to its own server (which takes that address too): were a
+    packet to get out, it would land there. Under a rule allowing everything, nothing does; a rule
+    naming it is refused, since it would reach nothing."""
+    widest = {"egress": [{"cidr": "0.0.0.0/0", "protocol": "any"}, *allow(server, 8080)["egress"]]}
+    with server.taking(METADATA_ADDRESS), net_engine.client() as client:
+        sandbox = client.create(template="base", size="tiny", network=widest)["id"]
+        assert connect(client, sandbox, server.address, 8080, "control") == (0, b"pong control\n")
+        assert connect(client, sandbox, METADATA_ADDRESS, 80)[0] != 0
+        assert client.exec(sandbox, f"wget -q -T 3 -O - http://{METADATA_ADDRESS}/latest/meta-data/").exit_code != 0
+        assert server.received(80, METADATA_ADDRESS) == b""
+        denied = {item["address"]: item for item in client.call("stats", id=sandbox)["network"]["denied"]}
+        assert "metadata" in denied[METADATA_ADDRESS]["rule"]
+        with pytest.raises(errors.InvalidRequest) as refused:
+            client.call("network.set", id=sandbox, network={"egress": [{"cidr": f"{METADATA_ADDRESS}/32", "ports": [80]}]})
+        assert refused.value.details.get("field") == "network.egress.0.cidr", refused.value.details
+        client.destroy(sandbox)
+
+
+def test_root_in_a_sandbox_cannot_change_a_firewall(net_engine: EngineProcess, server: Server, probe_binary: Path):
+    """An nftables table made through nfnetlink, as nft makes one: on the host, in a namespace of its own,
+    the probe does it (the control); in a sandbox the kernel refuses, and the host's rules are as they were."""
+    control = subprocess.run(["unshare", "-n", str(probe_binary), "nft_table", "probe"], capture_output=True, text=True)
+    assert control.stdout.strip() == "RESULT OK", control
+    with net_engine.client() as client:
+        sandbox = client.create(template="base", size="tiny", network=allow(server, 8080))["id"]
+        before = table_objects(net_engine)
+        client.write_file(sandbox, "/probe", probe_binary.read_bytes(), mode=0o755)
+        tried = client.exec(sandbox, ["/probe", "nft_table", "escape"])
+        assert tried.stdout.startswith(b"RESULT ") and b"RESULT OK" not in tried.stdout, tried
+        assert table_objects(net_engine) == before
+        assert connect(client, sandbox, server.address, 8081)[0] != 0
+        assert server.received(8081) == b""
+        client.destroy(sandbox)
 
 
 @contextlib.contextmanager

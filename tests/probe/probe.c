@@ -205,6 +205,77 @@ static int icmp_socket(void) {
     return report(fd);
 }
 
+/* Netlink and nfnetlink's wire format (musl has no kernel headers; these are the kernel's ABI). */
+#define NETLINK_NETFILTER 12
+#define NLM_F_REQUEST 0x1
+#define NLM_F_ACK 0x4
+#define NLM_F_CREATE 0x400
+#define NLMSG_ERROR 0x2
+#define NFNL_MSG_BATCH_BEGIN 0x10
+#define NFNL_MSG_BATCH_END 0x11
+#define NFNL_SUBSYS_NFTABLES 10
+#define NFT_MSG_NEWTABLE 0
+#define NFTA_TABLE_NAME 1
+#define ALIGN4(length) (((length) + 3) & ~3U)
+struct nlmsghdr { uint32_t nlmsg_len; uint16_t nlmsg_type, nlmsg_flags; uint32_t nlmsg_seq, nlmsg_pid; };
+struct nlmsgerr { int error; struct nlmsghdr msg; };
+struct nfgenmsg { uint8_t nfgen_family, version; uint16_t res_id; };
+struct nlattr { uint16_t nla_len, nla_type; };
+struct sockaddr_nl { unsigned short nl_family, nl_pad; uint32_t nl_pid, nl_groups; };
+
+/* Add an nftables table (named ARGUMENT) in its own network namespace, through nfnetlink as nft does:
+ * a batch of one NEWTABLE, acknowledged. A sandbox has no CAP_NET_ADMIN: the kernel's answer is EPERM
+ * (or the socket is refused); on the host, in a namespace of its own, the control gets OK. */
+static size_t nfnl_message(char *at, uint16_t type, uint16_t flags, uint32_t seq, uint8_t family, const char *table) {
+    struct nlmsghdr *header = (struct nlmsghdr *)at;
+    struct nfgenmsg *generic = (struct nfgenmsg *)(at + sizeof *header);
+    size_t length = sizeof *header + sizeof *generic;
+    header->nlmsg_type = type;
+    header->nlmsg_flags = flags;
+    header->nlmsg_seq = seq;
+    generic->nfgen_family = family;
+    generic->res_id = htons(NFNL_SUBSYS_NFTABLES);
+    if (table) {
+        struct nlattr *name = (struct nlattr *)(at + length);
+        size_t size = strnlen(table, 64) + 1;
+        name->nla_type = NFTA_TABLE_NAME;
+        name->nla_len = sizeof *name + size;
+        memcpy((char *)name + sizeof *name, table, size - 1);
+        length += ALIGN4(name->nla_len);
+    }
+    header->nlmsg_len = length;
+    return ALIGN4(length);
+}
+
+static int nft_table(const char *argument) {
+    int fd = socket(AF_NETLINK, SOCK_RAW, NETLINK_NETFILTER);
+    if (fd < 0) return report(fd);
+    char buffer[512];
+    memset(buffer, 0, sizeof buffer);
+    size_t at = nfnl_message(buffer, NFNL_MSG_BATCH_BEGIN, NLM_F_REQUEST, 1, AF_UNSPEC, NULL);
+    at += nfnl_message(buffer + at, (NFNL_SUBSYS_NFTABLES << 8) | NFT_MSG_NEWTABLE,
+                       NLM_F_REQUEST | NLM_F_CREATE | NLM_F_ACK, 2, 1 /* NFPROTO_INET */, argument);
+    at += nfnl_message(buffer + at, NFNL_MSG_BATCH_END, NLM_F_REQUEST, 3, AF_UNSPEC, NULL);
+    struct sockaddr_nl kernel = {.nl_family = AF_NETLINK};
+    if (sendto(fd, buffer, at, 0, (struct sockaddr *)&kernel, sizeof kernel) < 0) return report(-1);
+    char answer[4096];
+    ssize_t got = recv(fd, answer, sizeof answer, 0);
+    if (got < 0) return report(-1);
+    for (size_t offset = 0; offset + sizeof(struct nlmsghdr) <= (size_t)got;) {
+        struct nlmsghdr *header = (struct nlmsghdr *)(answer + offset);
+        if (header->nlmsg_len < sizeof *header) break;
+        if (header->nlmsg_type == NLMSG_ERROR) {
+            struct nlmsgerr *error = (struct nlmsgerr *)(answer + offset + sizeof *header);
+            if (error->error) return report_errno(-error->error);
+            printf("RESULT OK\n");
+            return 0;
+        }
+        offset += ALIGN4(header->nlmsg_len);
+    }
+    printf("RESULT NOANSWER\n");
+    return 0;
+}
+
 static int i386_syscall(void) {
     /* getpid through the 32-bit entry point: a different ABI the filter must refuse. */
     long result;
@@ -374,6 +445,7 @@ int main(int argc, char **argv) {
     if (!strcmp(name, "send_mib")) return send_mib(argument, argc > 3 ? atoi(argv[3]) : 64);
     if (!strcmp(name, "udp_send")) return udp_send(argument, argc > 3 ? argv[3] : "datagram\n");
     if (!strcmp(name, "icmp_socket")) return icmp_socket();
+    if (!strcmp(name, "nft_table")) return nft_table(argument);
 
     /* Kernel surface (bad arguments: allowed => EFAULT/EINVAL, blocked => EPERM). */
     if (!strcmp(name, "mount")) return report(mount(BAD_POINTER, BAD_POINTER, BAD_POINTER, 0, NULL));

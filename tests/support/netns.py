@@ -22,8 +22,24 @@ import pytest
 
 SERVER = textwrap.dedent(
     """
-    import selectors, socket, sys, threading
+    import json, selectors, socket, sys, threading
     log_dir = sys.argv[1]
+
+    def dns_answer(query):  # what dns.json (a test writes it: {name: [address, ...]}) says, or None
+        try:
+            import dns.message, dns.rdataclass, dns.rdatatype, dns.rrset
+            with open(f"{log_dir}/dns.json") as answers:
+                names = json.load(answers)
+            message = dns.message.from_wire(query)
+            question = message.question[0]
+            found = names.get(question.name.to_text(omit_final_dot=True).lower())
+            if found is None or question.rdtype != dns.rdatatype.A:
+                return None
+            response = dns.message.make_response(message)
+            response.answer.append(dns.rrset.from_text_list(question.name, 1, "IN", "A", found))
+            return response.to_wire()
+        except Exception:  # no dns.json yet, or not a DNS query: no answer
+            return None
 
     def sink():  # port 8082: reads a connection to its end, then answers how much came (benchmarks)
         listener = socket.socket()
@@ -56,9 +72,12 @@ SERVER = textwrap.dedent(
     while True:
         for key, _ in selector.select():
             if key.data in (53, "udp"):
-                data, _ = key.fileobj.recvfrom(4096)
+                data, sender = key.fileobj.recvfrom(4096)
                 with open(f"{log_dir}/{'port-53' if key.data == 53 else 'udp-8080'}.log", "ab") as log:
                     log.write(data)
+                answer = dns_answer(data) if key.data == 53 else None
+                if answer is not None:
+                    key.fileobj.sendto(answer, sender)
                 continue
             connection, _ = key.fileobj.accept()
             local = connection.getsockname()[0]
@@ -79,13 +98,35 @@ SERVER = textwrap.dedent(
 @dataclass
 class Server:
     """A namespace of the test's own with a TCP server on 8080, 8081, 80 and 443 (each logs what it is sent
-    and answers "pong " and that), a sink on 8082 (benchmarks) and a UDP port 53 that only listens, at
-    ``address`` and at ``other`` (a second address of the same namespace)."""
+    and answers "pong " and that), a sink on 8082 (benchmarks) and a UDP port 53 that logs every datagram
+    and answers only the names ``answer`` gave it, at ``address`` and at ``other`` (a second address of the
+    same namespace)."""
 
     address: str
     other: str
     log_dir: Path
     namespace: str = ""  # its network namespace (``ip netns exec`` it for a server of a test's own)
+    link: str = ""  # the host's end of its veth
+
+    def answer(self, names: dict[str, list[str]]) -> None:
+        """What its DNS port answers from now on: ``{name: [IPv4 address, ...]}`` (TTL 1 s); other names get
+        no answer."""
+        (self.log_dir / "dns.json.tmp").write_text(json.dumps(names))
+        (self.log_dir / "dns.json.tmp").rename(self.log_dir / "dns.json")
+
+    @contextlib.contextmanager
+    def taking(self, address: str) -> Iterator[None]:
+        """``address`` (one no test may send to: cloud metadata, say) given to the server too, and the
+        host's route to it pointed at the server's veth and checked, for as long as this lasts: what
+        should never leave the host, were it to get out, lands here, where ``received`` shows it."""
+        ip("-n", self.namespace, "addr", "add", f"{address}/32", "dev", "eth0")
+        ip("route", "add", f"{address}/32", "dev", self.link)
+        try:
+            route = json.loads(ip("-j", "route", "get", address))
+            assert route[0]["dev"] == self.link, route
+            yield
+        finally:
+            subprocess.run(["ip", "route", "del", f"{address}/32", "dev", self.link], capture_output=True)
 
     def received(self, port: int, address: str = "", protocol: str = "tcp") -> bytes:
         """What reached ``port`` at ``address`` (the first one by default); port 53: any DNS datagram;
@@ -132,7 +173,7 @@ def serving(tmp_path: Path) -> Iterator[Server]:
             ["ip", "netns", "exec", namespace, sys.executable, "-c", SERVER, str(log_dir)], stdout=subprocess.PIPE
         )
         assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        yield Server(address, other, log_dir, namespace)
+        yield Server(address, other, log_dir, namespace, outside)
     finally:
         if process is not None:
             process.kill()
