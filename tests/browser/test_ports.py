@@ -1,5 +1,5 @@
-"""A web server in a sandbox opened at its preview URL in headless Chromium, with each auth mode:
-the page, a streamed answer read as it comes, and a websocket both ways.
+"""A web server in a sandbox opened at its preview URL in headless Chromium, with each auth mode
+(public, token, key): the page, a streamed answer read as it comes, and a websocket both ways.
 
 Chromium resolves ``*.localhost`` to loopback by itself, so the preview URLs the
 API hands out are opened as they are.
@@ -73,6 +73,14 @@ def context_of(chromium: Browser, errors: BrowserErrors, **options: Any) -> tupl
     return context, opened
 
 
+def streamed(page: Page, stack: Stack, sandbox: str) -> None:
+    """The sandbox's CGI script read as it comes: its first line arrives while it still waits for /tmp/go."""
+    assert page.evaluate(READ_FIRST) == "first\n"
+    with stack.client() as api:  # only now may the script finish: what came so far was streamed
+        api.post(f"/api/v1/sandboxes/{sandbox}/exec", json={"cmd": "touch /tmp/go"})
+    assert page.evaluate(READ_REST) == "last\n"
+
+
 def test_public_page_stream_and_websocket(chromium: Browser, stack: Stack, sandbox: str, artifacts: Path) -> None:
     site = expose(stack, sandbox, HTTP_PORT, "public")
     socket_port = expose(stack, sandbox, WEBSOCKET_PORT, "public")
@@ -81,10 +89,7 @@ def test_public_page_stream_and_websocket(chromium: Browser, stack: Stack, sandb
     try:
         page.goto(site["url"] + "index.html")
         assert page.locator("#hello").inner_text() == "hello from the sandbox"
-        assert page.evaluate(READ_FIRST) == "first\n"
-        with stack.client() as api:  # only now may the script finish: what came so far was streamed
-            api.post(f"/api/v1/sandboxes/{sandbox}/exec", json={"cmd": "touch /tmp/go"})
-        assert page.evaluate(READ_REST) == "last\n"
+        streamed(page, stack, sandbox)
         websocket_url = "ws" + socket_port["url"][len("http") :]
         assert page.evaluate(WEBSOCKET_ROUND, websocket_url) == ["hello", "got 10"]
         screenshot(page, artifacts, "preview-public")
@@ -104,6 +109,7 @@ def test_token_page_then_its_cookie_and_a_token_websocket(chromium: Browser, sta
         assert page.locator("#hello").inner_text() == "hello from the sandbox"
         again = page.goto(site["url"] + "index.html")  # no token in the URL: the cookie carries it
         assert again is not None and again.status == 200
+        streamed(page, stack, sandbox)  # by the cookie too
         assert page.evaluate(WEBSOCKET_ROUND, "ws" + socket_port["token_url"][len("http") :]) == ["hello", "got 10"]
     finally:
         context.close()
@@ -112,6 +118,7 @@ def test_token_page_then_its_cookie_and_a_token_websocket(chromium: Browser, sta
 
 def test_key_page_needs_the_key_header(chromium: Browser, stack: Stack, sandbox: str) -> None:
     site = expose(stack, sandbox, HTTP_PORT, "key")
+    socket_port = expose(stack, sandbox, WEBSOCKET_PORT, "key")
     errors = BrowserErrors()
     keyless, page = context_of(chromium, errors)
     try:
@@ -124,6 +131,9 @@ def test_key_page_needs_the_key_header(chromium: Browser, stack: Stack, sandbox:
         allowed = page.goto(site["url"] + "index.html")
         assert allowed is not None and allowed.status == 200
         assert page.locator("#hello").inner_text() == "hello from the sandbox"
+        streamed(page, stack, sandbox)
+        # The context's headers go with the websocket's handshake too (a page's own script cannot add one).
+        assert page.evaluate(WEBSOCKET_ROUND, "ws" + socket_port["url"][len("http") :]) == ["hello", "got 10"]
     finally:
         keyed.close()
     assert not errors.seen, errors.seen
