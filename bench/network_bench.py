@@ -20,7 +20,9 @@ network rule: nothing here leaves the machine). In the same run:
   from a sandbox under a name rule on 443 (each connection sends a TLS
   ClientHello naming the server and goes through the name proxy);
 * throughput: ``--mib`` MiB sent on one connection to the server's sink, from
-  the host, and from a sandbox under an address rule;
+  the host, from a sandbox under an address rule, and from one under a name
+  rule on port 80 (an HTTP head naming the server, then the bytes, through
+  the name proxy);
 * a policy changed under ``--alive`` running sandboxes at once: each made
   ready under a policy by 8 clients, their host memory per sandbox, then
   ``network.set_many`` for all of them (what a policy's PUT sends a host)
@@ -84,7 +86,7 @@ def policies(server: Server) -> dict[str, dict[str, Any] | None]:
     return {
         "none": None,
         "address": {"egress": [{"cidr": network, "ports": [8080, 8082], "protocol": "tcp"}]},
-        "name": {"egress": [{"host": NAME, "ports": [443]}, {"cidr": network, "ports": [8080, 8082], "protocol": "tcp"}]},
+        "name": {"egress": [{"host": NAME, "ports": [443, 80]}, {"cidr": network, "ports": [8080, 8082], "protocol": "tcp"}]},
     }
 
 
@@ -142,6 +144,8 @@ def traffic(engine: EngineProcess, server: Server, probe: Path, connections: int
         for sandbox in sandboxes.values():
             client.write_file(sandbox, "/probe", probe.read_bytes(), mode=0o755)
         client.write_file(sandboxes["name"], "/tmp/hello", client_hello(NAME))
+        # Through the name proxy on port 80: an HTTP head naming the server, then the bytes (the server's sink).
+        client.write_file(sandboxes["name"], "/tmp/head", f"POST /sink HTTP/1.1\r\nHost: {NAME}\r\n\r\n".encode())
     hello = Path(tempfile.mkdtemp(prefix="fy-netbench-")) / "hello"
     hello.write_bytes(client_hello(NAME))
     target, sink = f"{server.address}:8080", f"{server.address}:8082"
@@ -159,6 +163,10 @@ def traffic(engine: EngineProcess, server: Server, probe: Path, connections: int
         for kind, output in (
             ("host", on_host(probe, "send_mib", sink, str(mib))),
             ("address_rule", in_sandbox(engine, sandboxes["address"], "send_mib", sink, str(mib))),
+            (
+                "name_rule_via_proxy",
+                in_sandbox(engine, sandboxes["name"], "send_mib", f"{server.other}:80", str(mib), "/tmp/head"),
+            ),
         ):
             sent, seconds = probe_numbers(output, "SENT", "SECONDS")
             results[f"throughput_{kind}"] = {"mib_per_second": round(sent / (1 << 20) / seconds, 1)}

@@ -551,15 +551,15 @@ def network() -> str:
             f"throughput, {traffic['mib']} MiB on one connection (MiB/s)",
             number(traffic["throughput_host"]["mib_per_second"]),
             number(traffic["throughput_address_rule"]["mib_per_second"]),
-            "-",
+            number((traffic.get("throughput_name_rule_via_proxy") or {}).get("mib_per_second")),
         ],
     ]
     loop = cycles["loop"]
     return "\n\n".join(
         [
             provenance(report, "network"),
-            table(["measure", "no policy", "an address rule", "a name rule (443, through the proxy)"], rows_),
-            table(["measure", "from the host", "a sandbox, address rule", "a sandbox, name rule (proxy)"], connects),
+            table(["measure", "no policy", "an address rule", "a name rule (443 and 80, through the proxy)"], rows_),
+            table(["measure", "from the host", "a sandbox, address rule", "a sandbox, name rule (proxy: TLS on 443 to connect, HTTP on 80 to send)"], connects),
             f"{number(alive['count'])} sandboxes under a policy at once: made ready at {number(alive['ready_per_second'])} a second "
             f"by 8 clients; host memory per idle sandbox {number(alive['idle_memory_kib'])} KiB; a policy change for all of them "
             f"(`network.set_many`, what a policy's PUT sends a host) answered in {number(alive['policy_change_s'], 3)} s; "
@@ -742,6 +742,41 @@ def desktop() -> str:
     return "\n\n".join(parts)
 
 
+def ports() -> str:
+    parts = []
+    for backend in ("embedded", "postgres"):
+        report = load(f"ports-{backend}")
+        if report is None:
+            continue
+        body = []
+        for auth in ("public", "key"):
+            run = report[auth]
+            latency, cpu = run["latency_ms"], run["cpu_ms_per_request"]
+            body.append(
+                [
+                    f"`{auth}`",
+                    number(run["per_second"]),
+                    number([latency["p50"], latency["p75"], latency["p90"]]),
+                    number(cpu["web"], 2),
+                    number(cpu["engine"], 2),
+                ]
+            )
+        parts += [
+            f"{backend}: " + provenance(report, f"ports-{backend}"),
+            table(
+                [
+                    f"auth ({report['connections']} keep-alive connections, {report['seconds']} s)",
+                    "requests a second",
+                    "latency p50 / p75 / p90 (ms)",
+                    "web server CPU a request (ms)",
+                    "engine CPU a request (ms)",
+                ],
+                body,
+            ),
+        ]
+    return "\n\n".join(parts) if parts else "(no ports results)"
+
+
 SECTIONS: dict[str, Callable[[], str]] = {
     "engine": engine,
     "leak": leak,
@@ -751,6 +786,7 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "console": console,
     "hosts": hosts,
     "network": network,
+    "ports": ports,
     "scale": scale,
     "scale-grouped": lambda: scale("scale-grouped"),
     "inference": inference,

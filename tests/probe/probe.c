@@ -161,12 +161,21 @@ static int connect_many(const char *argument, int count, const char *hello_path)
     return failed ? 1 : 0;
 }
 
-static int send_mib(const char *argument, int mib) {
+/* MIB MiB on one connection, after the contents of HEAD_PATH if one is given (a request's head, which the
+ * name proxy reads the name from), then the peer's answer read to its end. */
+static int send_mib(const char *argument, int mib, const char *head_path) {
     static char chunk[65536];
     memset(chunk, 'x', sizeof chunk);
     int fd = open_to(argument);
     if (fd < 0) return report_errno(errno);
     double started = now_s();
+    if (head_path && *head_path) {
+        char head[4096];
+        int file = open(head_path, O_RDONLY);
+        ssize_t size = file >= 0 ? read(file, head, sizeof head) : -1;
+        if (file >= 0) close(file);
+        if (size <= 0 || write(fd, head, size) != size) return report_errno(EIO);
+    }
     long long sent = 0, wanted = (long long)mib << 20;
     while (sent < wanted) {
         ssize_t written = write(fd, chunk, sizeof chunk);
@@ -442,7 +451,7 @@ int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
 
     if (!strcmp(name, "connect_many")) return connect_many(argument, argc > 3 ? atoi(argv[3]) : 100, argc > 4 ? argv[4] : "");
-    if (!strcmp(name, "send_mib")) return send_mib(argument, argc > 3 ? atoi(argv[3]) : 64);
+    if (!strcmp(name, "send_mib")) return send_mib(argument, argc > 3 ? atoi(argv[3]) : 64, argc > 4 ? argv[4] : "");
     if (!strcmp(name, "udp_send")) return udp_send(argument, argc > 3 ? argv[3] : "datagram\n");
     if (!strcmp(name, "icmp_socket")) return icmp_socket();
     if (!strcmp(name, "nft_table")) return nft_table(argument);

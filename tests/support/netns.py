@@ -86,8 +86,16 @@ SERVER = textwrap.dedent(
                 log.write(b"connection\\n")
                 try:
                     data = connection.recv(16384)
-                    log.write(data)
-                    connection.sendall(b"pong " + data)
+                    if data.startswith(b"POST /sink "):  # a sink behind the web ports (benchmarks: the name proxy)
+                        received = len(data.partition(b"\\r\\n\\r\\n")[2])
+                        connection.settimeout(60)
+                        while chunk := connection.recv(1 << 20):
+                            received += len(chunk)
+                        log.write(b"sink %d\\n" % received)
+                        connection.sendall(str(received).encode())
+                    else:
+                        log.write(data)
+                        connection.sendall(b"pong " + data)
                 except OSError:
                     pass
             connection.close()
@@ -98,7 +106,7 @@ SERVER = textwrap.dedent(
 @dataclass
 class Server:
     """A namespace of the test's own with a TCP server on 8080, 8081, 80 and 443 (each logs what it is sent
-    and answers "pong " and that), a sink on 8082 (benchmarks) and a UDP port 53 that logs every datagram
+    and answers "pong " and that; a ``POST /sink`` is read to its end instead), a sink on 8082 (benchmarks) and a UDP port 53 that logs every datagram
     and answers only the names ``answer`` gave it, at ``address`` and at ``other`` (a second address of the
     same namespace)."""
 
