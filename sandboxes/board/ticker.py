@@ -313,7 +313,13 @@ async def _run() -> None:
     ticker = Ticker()
     layer = get_channel_layer()
     assert layer is not None  # settings always configure one (console/settings.py)
+    me = asyncio.current_task()
     while True:
+        # A cancel is asked once.  Were a call to catch it and raise an error of its own (or return), this loop
+        # would tick on, and whatever waits for the task (asyncio.run's shutdown, a server's) would wait for
+        # ever: the request is still counted on the task, so end here.
+        if me is not None and me.cancelling():
+            raise asyncio.CancelledError
         started = time.monotonic()
         try:
             if await db(ticker.lease)():

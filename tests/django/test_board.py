@@ -211,3 +211,36 @@ def test_a_torn_down_launchs_unmade_pixels_go_off(launch) -> None:
     ticker.watched[launch.id].last_counters = 0
     ticker.tick()
     assert bytes(ticker.watched[launch.id].states) == bytes([wire.STOPPED] * 25), "they never will be made: off"
+
+
+def test_the_ticker_ends_when_cancelled_even_if_a_call_turns_the_cancel_into_an_error(monkeypatch) -> None:
+    """A cancel that a call catches and re-raises as an error of its own (as a database or Redis client can)
+    still ends the ticker: otherwise its loop ticks on and the event loop that cancelled it never closes."""
+    swallow = True
+
+    def cancel_turned_into_an_error(function):
+        async def call(*args, **kwargs):
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                if swallow:
+                    raise ConnectionError("the connection was closed under the call") from None
+                raise
+
+        return call
+
+    monkeypatch.setattr(board, "db", cancel_turned_into_an_error)
+
+    async def scenario() -> None:
+        nonlocal swallow
+        task = asyncio.get_running_loop().create_task(board._run())
+        await asyncio.sleep(0.1)  # the ticker is inside its first call
+        task.cancel()
+        try:
+            await asyncio.wait({task}, timeout=30)
+            assert task.cancelled(), "the ticker ticks on after its cancel"
+        finally:
+            swallow = False  # lets asyncio.run close if the ticker did not end
+            task.cancel()
+
+    asyncio.run(scenario())
