@@ -8,7 +8,6 @@ when the policy changes.
 
 from __future__ import annotations
 
-import ipaddress
 import logging
 from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
@@ -22,45 +21,26 @@ from console.audit import Act, Actor, audit_record
 from console.errors import Conflict, invalid
 from console.models import Team
 from sandboxes.engine import errors as engine_errors
-from sandboxes.engine.network import METADATA
+from sandboxes.engine import network
 
 from .. import engine_link
 from ..models import NetworkPolicy, Sandbox
-from ..schemas import HOSTNAME
 
 log = logging.getLogger("forkyard.policies")
 
 
 def _validate(egress: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    cleaned = []
-    for index, rule in enumerate(egress):
-        cidr, host = rule.get("cidr"), rule.get("host")
-        if bool(cidr) == bool(host):
-            raise invalid(f"egress[{index}]: give exactly one of cidr or host", field=f"egress.{index}")
-        if cidr:
-            try:
-                network = ipaddress.ip_network(cidr, strict=False)
-            except ValueError:
-                raise invalid(f"egress[{index}]: {cidr!r} is not a network", field=f"egress.{index}.cidr") from None
-            if network.version != 4:
-                raise invalid(
-                    f"egress[{index}]: a sandbox has IPv4 only, so the IPv6 rule {cidr!r} would reach nothing",
-                    field=f"egress.{index}.cidr",
-                )
-            if network.subnet_of(METADATA):
-                raise invalid(
-                    f"egress[{index}]: link-local addresses (cloud metadata) are never reachable, so {cidr!r} would reach nothing",
-                    field=f"egress.{index}.cidr",
-                )
-            cidr = str(network)
-        # "*.example.org": its subdomains, not example.org itself.
-        if host and not HOSTNAME.match(host.removeprefix("*.")):
-            raise invalid(f"egress[{index}]: {host!r} is not a host name (or *. and one)", field=f"egress.{index}.host")
-        host = host.lower() if host else host
-        cleaned.append(
-            {"cidr": cidr, "host": host, "ports": sorted(set(rule.get("ports") or [])), "protocol": rule.get("protocol", "tcp")}
-        )
-    return cleaned
+    """The rules as saved, checked by the engine's own parser (``network.parse_egress``): a rule the engine would
+    refuse, or one that could reach nothing (IPv6, link-local), is refused here, when the policy is saved."""
+    try:
+        rules = network.parse_egress(egress)
+    except engine_errors.InvalidRequest as error:
+        field = str(error.details.get("field", "network.egress")).removeprefix("network.")
+        raise invalid(error.message.replace("network.egress", "egress"), field=field) from None
+    return [
+        {"cidr": str(rule.network) if rule.network else None, "host": rule.host, "ports": list(rule.ports), "protocol": rule.protocol}
+        for rule in rules
+    ]
 
 
 def policy_save(
