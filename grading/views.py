@@ -7,12 +7,13 @@ the team's own, another team's call is a 404).
 
 from __future__ import annotations
 
+from django.contrib import messages
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from console.access import team_view
-from console.errors import Refused
+from console.errors import Refused, invalid
 from console.models import Membership
 from console.permissions import Action
 
@@ -50,11 +51,20 @@ def grade_detail(request: HttpRequest, membership: Membership, grade_id: str) ->
 @require_POST
 @team_view(Action.MANAGE_RETENTION)
 def retention(request: HttpRequest, membership: Membership) -> HttpResponse:
+    unknown = sorted(set(request.POST) - {"csrfmiddlewaretoken", "retain_days", "zero_retention"})
+    raw = request.POST.get("retain_days", "0")
     try:
-        days = int(request.POST.get("retain_days", "0"))
-        services.team_inference_set(
-            team=membership.team, retain_days=days, zero_retention=request.POST.get("zero_retention") == "on"
+        if unknown:
+            raise invalid(f"unknown field {unknown[0][:40]!r}", field=unknown[0][:40])
+        if not raw.isdigit():
+            raise invalid("retention is 0 (off) to 30 days", field="retain_days")
+        settings = services.team_inference_set(
+            team=membership.team, retain_days=int(raw), zero_retention=request.POST.get("zero_retention") == "on"
         )
-    except (ValueError, Refused):
-        pass  # the form offers only valid values: anything else changes nothing
+    except Refused as error:
+        messages.error(request, f"Nothing changed: {error.message}.")
+    else:
+        kept = f"content is kept {raw} days" if int(raw) else "nothing is kept"
+        zero = "; calls go only to providers that keep nothing" if settings.zero_retention else ""
+        messages.success(request, f"Saved: {kept}{zero}.")
     return redirect("console:inference")

@@ -25,20 +25,19 @@ def test_a_batch_of_100_grades_each_with_its_fields_and_score(api, judge):
     items = [{"id": f"r{index}", "values": {"question": f"What is {index}+1?", "answer": str(index + 1)}} for index in range(100)]
     answer = api.post(
         "/api/v1/grades",
-        json={"model": judge["name"], "rubric": RUBRIC, "schema": judge_schema(), "items": items, "max_tokens": 64, "concurrency": 16},
+        # Room for the longest answer the grammar allows (llama.cpp's spaces are at most 20 a place): an item can
+        # then fail only if something is wrong, and none may.
+        json={"model": judge["name"], "rubric": RUBRIC, "schema": judge_schema(), "items": items, "max_tokens": 256, "concurrency": 16},
         timeout=600,
     )
     assert answer.status_code == 200, answer.text
     grade = answer.json()
     assert grade["items"] == 100 and len(grade["results"]) == 100
     assert [result["id"] for result in grade["results"]] == [f"r{index}" for index in range(100)]
-    assert grade["succeeded"] + grade["failed"] == 100 and grade["succeeded"] >= 95, [r["error"] for r in grade["results"] if r["error"]]
+    assert (grade["succeeded"], grade["failed"]) == (100, 0), [r["error"] for r in grade["results"] if r["error"]]
     for result in grade["results"]:
-        if result["error"] is None:
-            jsonschema.validate(result["fields"], judge_schema())
-            assert result["score"] == result["fields"]["score"] and result["usage"]["output_tokens"] > 0
-        else:
-            assert result["score"] is None, "an item that failed is never a zero"
+        jsonschema.validate(result["fields"], judge_schema())
+        assert result["score"] == result["fields"]["score"] and result["usage"]["output_tokens"] > 0
     assert grade["usage"]["output_tokens"] == sum(result["usage"]["output_tokens"] for result in grade["results"])
     # Without retention, a grade is metadata: its numbers, never its items' content.
     fetched = api.get(f"/api/v1/grades/{grade['id']}").json()

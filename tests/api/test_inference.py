@@ -7,9 +7,11 @@ noise, but every token is sampled by llama.cpp's decoder in a model server the e
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -291,30 +293,58 @@ def test_an_upstream_that_fails_or_hangs_is_a_clear_502_or_504(stack, provider):
             remove_upstream(stack, name)
 
 
-def test_zero_retention_routes_only_to_providers_that_keep_nothing(stack, provider, team_b):
+@contextlib.contextmanager
+def _keeping_and_safe(stack: Any, provider: Any) -> Iterator[tuple[str, str]]:
+    """Two upstreams of the same provider: one that keeps prompts, one that keeps nothing."""
     tag = uuid.uuid4().hex[:6]
     keeping, safe = f"keeps-{tag}", f"safe-{tag}"
     add_upstream(stack, keeping, provider.url("ok"), "s", [keeping], keeps_prompts=True)
     add_upstream(stack, safe, provider.url("ok"), "s", [safe], keeps_prompts=False)
-    set_inference(stack, team_b.team_id, zero_retention=True)
     try:
-        client = client_for(stack, team_b.key)
-        _wait_for_model(client, safe)
-        assert keeping not in [model.id for model in client.models.list()]
-        before = provider.requests
-        with pytest.raises(openai.PermissionDeniedError) as refused:
-            client.chat.completions.create(model=keeping, messages=[{"role": "user", "content": "secret"}])
-        assert refused.value.code == "zero_retention_unavailable"
-        assert provider.requests == before, "fail closed: nothing was sent to a provider that keeps prompts"
-        assert client.chat.completions.create(model=safe, messages=[{"role": "user", "content": "fine"}]).choices[0].message.content == "ok"
-        # A team that does not require it may use either.
-        team_a = client_for(stack, stack.teams[0].key)
-        _wait_for_model(team_a, keeping)
-        assert team_a.chat.completions.create(model=keeping, messages=[{"role": "user", "content": "x"}]).choices[0].message.content == "ok"
+        yield keeping, safe
     finally:
-        set_inference(stack, team_b.team_id, zero_retention=False)
         remove_upstream(stack, keeping)
         remove_upstream(stack, safe)
+
+
+def _routed_only_to_the_safe_one(client: openai.OpenAI, provider: Any, keeping: str, safe: str) -> None:
+    """The client's caller requires zero retention: the keeping upstream is neither listed nor sent anything."""
+    _wait_for_model(client, safe)
+    assert keeping not in [model.id for model in client.models.list()]
+    before = provider.requests
+    with pytest.raises(openai.PermissionDeniedError) as refused:
+        client.chat.completions.create(model=keeping, messages=[{"role": "user", "content": "secret"}])
+    assert refused.value.code == "zero_retention_unavailable"
+    assert provider.requests == before, "fail closed: nothing was sent to a provider that keeps prompts"
+    assert client.chat.completions.create(model=safe, messages=[{"role": "user", "content": "fine"}]).choices[0].message.content == "ok"
+
+
+def _reaches(client: openai.OpenAI, model: str) -> None:
+    _wait_for_model(client, model)
+    assert client.chat.completions.create(model=model, messages=[{"role": "user", "content": "x"}]).choices[0].message.content == "ok"
+
+
+def test_zero_retention_routes_only_to_providers_that_keep_nothing(stack, provider, team_b):
+    with _keeping_and_safe(stack, provider) as (keeping, safe):
+        set_inference(stack, team_b.team_id, zero_retention=True)
+        try:
+            _routed_only_to_the_safe_one(client_for(stack, team_b.key), provider, keeping, safe)
+            _reaches(client_for(stack, stack.teams[0].key), keeping)  # a team that does not require it may use either
+        finally:
+            set_inference(stack, team_b.team_id, zero_retention=False)
+
+
+def test_a_key_that_requires_zero_retention_fails_closed_while_its_teams_other_keys_do_not(stack, provider):
+    """KeyInference: one key of a team that does not require zero retention requires it for itself."""
+    team = stack.new_team("Key retention")
+    with _keeping_and_safe(stack, provider) as (keeping, safe):
+        strict_key = stack.shell(
+            "from console.keys import api_key_create; from console.models import Team; from grading.models import KeyInference; "
+            f"made = api_key_create(team=Team.objects.get(pk={team.team_id!r}), name='strict'); "
+            "KeyInference.objects.create(key=made.key, zero_retention=True); print(made.secret)"
+        ).strip().splitlines()[-1]
+        _routed_only_to_the_safe_one(client_for(stack, strict_key), provider, keeping, safe)
+        _reaches(client_for(stack, team.key), keeping)
 
 
 def test_requests_and_tokens_over_the_teams_limits_are_429_with_retry_after(stack, provider):

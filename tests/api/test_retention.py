@@ -129,6 +129,18 @@ def test_by_default_a_prompt_is_written_nowhere(stack, judge):
     marker = f"MARKER-{uuid.uuid4().hex}"
     since = time.time() - 1
     grade_id = _use_the_gateway(stack, stack.teams[0].key, judge["name"], marker)
+    # Calls that fail carry it too (in their content: a model's name is metadata, kept like the rest): a model
+    # no one serves, an unknown field, a schema the request breaks.
+    client = openai.OpenAI(base_url=f"{stack.url}/api/v1/inference", api_key=stack.teams[0].key, max_retries=0)
+    failing: list[dict[str, Any]] = [
+        {"model": "no-such-model", "messages": [{"role": "user", "content": marker}]},
+        {"model": judge["name"], "messages": [{"role": "user", "content": marker}], "extra_body": {"no_such_field": marker}},
+        {"model": judge["name"], "messages": [{"role": "user", "content": marker}], "response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": marker}}}},
+    ]
+    for call in failing:
+        with pytest.raises(openai.APIStatusError) as failed:
+            client.chat.completions.create(**call)
+        assert 400 <= failed.value.status_code < 500, failed.value.body
     _settle(stack)
     assert _everywhere(stack, marker, since) == []
     # ... while its metadata was recorded: the calls, their tokens, the grade's numbers.
@@ -170,17 +182,22 @@ def test_with_retention_content_is_kept_for_its_team_only_then_purged(stack, tin
                 assert refused.status_code == 404 and marker not in refused.text
             intruder = _console_as(stack, team_b)
             assert intruder.get(f"/inference/calls/{call_id}/").status_code == 404
-            # 31 days later: the periodic task (queued as beat queues it) deletes it.
-            stack.shell(
-                "from datetime import timedelta; from django.utils import timezone; from grading.models import RetainedContent; "
-                f"RetainedContent.objects.filter(team_id={team.team_id!r}).update(created_at=timezone.now() - timedelta(days=31), "
-                "expires_at=timezone.now() - timedelta(days=1))"
-            )
-            stack.shell("from console.celery import app; app.send_task('grading.tasks.purge_retained_content')")
-            deadline = time.monotonic() + 60
-            while stack.shell(f"from grading.models import RetainedContent; print(RetainedContent.objects.filter(team_id={team.team_id!r}).count())").strip().splitlines()[-1] != "0":
-                assert time.monotonic() < deadline, "the purge never ran"
-                time.sleep(0.5)
+            # The clock moved forward (time-machine, in a process of the stack): 29 days on, the periodic task
+            # (the function beat runs every hour) keeps all of it; 31 days on, it deletes all of it.
+            def purge_after(days: int) -> tuple[int, int]:
+                out = stack.shell(
+                    "import time_machine; from datetime import timedelta; from django.utils import timezone; "
+                    "from grading.models import RetainedContent; from grading.tasks import purge_retained_content; "
+                    f"time_machine.travel(timezone.now() + timedelta(days={days}), tick=False).start(); "
+                    f"print(purge_retained_content(), RetainedContent.objects.filter(team_id={team.team_id!r}).count())"
+                )
+                deleted, left = out.strip().splitlines()[-1].split()
+                return int(deleted), int(left)
+
+            assert purge_after(0)[1] == 3, "the call's, the stream's and the grade's content"
+            assert purge_after(29)[1] == 3, "kept until their 30 days are up"
+            deleted, left = purge_after(31)
+            assert left == 0 and deleted >= 3
             _settle(stack)
             assert _everywhere(stack, marker, since) == []
             after = api.get(f"/api/v1/grades/{grade_id}").json()
