@@ -1010,10 +1010,16 @@ class Engine:
         return slot
 
     async def _attach_network(
-        self, record: SandboxRecord, egress: builtins.list[network.Rule], group: str, rules_written: asyncio.Future[None]
+        self,
+        record: SandboxRecord,
+        egress: builtins.list[network.Rule],
+        group: str,
+        rules_written: asyncio.Future[None],
+        resolv_written: bool = False,
     ) -> None:
         """Its devices and addresses (its rules were written while its init started: ``rules_written``), then
-        its resolver and name proxy; its ``/etc/resolv.conf`` is written meanwhile."""
+        its resolver and name proxy; its ``/etc/resolv.conf`` is written meanwhile, unless the spawn wrote
+        it (``resolv_written``: beside its /etc/hosts)."""
         await rules_written
         slot = record.network["slot"]
         # Its resolver is the host side of its link (a file of its own: it may change it, to no avail).
@@ -1024,10 +1030,13 @@ class Engine:
                 return tree.write("/etc/resolv.conf", nameserver, 0o644, make_parents=True, replace=True)
             return tree.write("/etc/resolv.conf", nameserver, 0o644, make_parents=True)
 
-        made, _ = await asyncio.gather(
-            asyncio.to_thread(self.network.make_devices, record.id, record.pid, slot, egress, str(self.config.proc_dir), group),
-            self.with_writer(record.id, write, starting=True),
+        devices = asyncio.to_thread(
+            self.network.make_devices, record.id, record.pid, slot, egress, str(self.config.proc_dir), group
         )
+        if resolv_written:
+            made = await devices
+        else:
+            made, _ = await asyncio.gather(devices, self.with_writer(record.id, write, starting=True))
         record.network = made
         faults.reached("create:network")
         await self._start_resolver(record, egress)
@@ -1052,7 +1061,7 @@ class Engine:
             procs = self.cgroups.create(record.cgroup, limits, group_memory_bytes)
             record.cgroup_dirs = [str(directory) for directory in self.cgroups.directories(record.cgroup)]
             faults.reached("create:cgroup")
-            spec = {
+            spec: dict[str, Any] = {
                 "sandbox_id": record.id,
                 "uid_base": self.root_uid(record),
                 "uid_count": self.config.uid_count,
@@ -1077,11 +1086,13 @@ class Engine:
                 rules_written = asyncio.ensure_future(
                     asyncio.to_thread(self.network.write_rules, record.id, slot, egress, network_group)
                 )
+                if spec["rootfs"].get("hosts"):  # its resolv.conf goes beside its hosts file, at the spawn
+                    spec["resolv"] = f"nameserver {self.network.host_address(slot)}\n"
             try:
                 record.pid, record.start_time = await self.spawner.spawn(spec)
                 faults.reached("create:spawned")
                 if egress is not None and rules_written is not None:
-                    await self._attach_network(record, egress, network_group, rules_written)
+                    await self._attach_network(record, egress, network_group, rules_written, "resolv" in spec)
             finally:
                 if rules_written is not None and not rules_written.done():
                     await asyncio.wait([rules_written])  # never removed (below) while still being written

@@ -84,7 +84,7 @@ MAX_REPORT = 8192
 class SpawnSpec:
     """What the engine asks for; parsed from its JSON request."""
 
-    __slots__ = ("sandbox_id", "uid_base", "uid_count", "layers_uid", "cgroup_procs", "rootfs", "socket_path", "nofile")
+    __slots__ = ("sandbox_id", "uid_base", "uid_count", "layers_uid", "cgroup_procs", "rootfs", "socket_path", "nofile", "resolv")
 
     def __init__(self, raw: dict[str, Any]) -> None:
         self.sandbox_id = str(raw["sandbox_id"])
@@ -95,6 +95,8 @@ class SpawnSpec:
         self.rootfs = rootfs.RootfsSpec(**{**raw["rootfs"], "lower": tuple(raw["rootfs"]["lower"])})
         self.socket_path = str(raw["socket_path"])
         self.nofile = int(raw.get("nofile", 65536))
+        # Its /etc/resolv.conf, in the layer that holds its /etc/hosts (so only with one): "", none.
+        self.resolv = str(raw.get("resolv", "")) if raw["rootfs"].get("hosts") else ""
 
 
 class Settings:
@@ -365,6 +367,7 @@ class Spawner:
                 spec.cgroup_procs,
                 rootfs.layer_paths(spec.rootfs),
                 zygote.encoded_plan(spec.rootfs),
+                spec.resolv,
             )
         except ValueError as error:
             return {"step": "parse spec", "errno": errno.EINVAL, "target": spec.sandbox_id, "message": str(error)}

@@ -65,10 +65,12 @@ def encode_spawn(
     cgroup_procs: Sequence[str],
     layers: Sequence[str],
     plan: bytes,
+    resolv: str = "",
 ) -> bytes:
     """``uid_base``: the sandbox's own range (root inside); ``layers_uid``: the
-    range that owns ``layers`` (host paths, topmost first) on disk."""
-    fields: list[str | int] = ["spawn", token, hostname, uid_base, uid_count, layers_uid, nofile]
+    range that owns ``layers`` (host paths, topmost first) on disk; ``resolv``:
+    its /etc/resolv.conf, written beside its /etc/hosts ("": none)."""
+    fields: list[str | int] = ["spawn", token, hostname, resolv, uid_base, uid_count, layers_uid, nofile]
     fields += [len(cgroup_procs), *cgroup_procs, len(layers), *layers]
     return encode_fields(fields) + plan
 

@@ -175,6 +175,32 @@ def test_names_are_resolved_only_when_a_rule_allows_them(net_engine: EngineProce
         client.destroy(sandbox)
 
 
+def test_a_policed_sandboxs_resolv_conf_is_its_own_and_no_snapshot_carries_it(net_engine: EngineProcess, server: Server):
+    """Written at the spawn beside its /etc/hosts, in the layer above the template's: a regular file naming its
+    resolver whatever the template has there; root inside may change it; a snapshot holds it only if it was
+    changed, so a fork without a policy names no resolver that is not its own."""
+    policy = {"egress": [{"cidr": f"{server.address}/32", "ports": [8080]}]}
+    name = f"resolv-{os.urandom(3).hex()}"
+    with net_engine.client() as client:
+        plain = client.create(template="base", size="tiny")["id"]
+        sandbox = client.create(template="base", size="tiny", network=policy)["id"]
+        try:
+            templates_own = client.exec(plain, "cat /etc/resolv.conf 2>&1; true").stdout
+            host_side = str(ipaddress.ip_address(client.get(sandbox)["network"]["address"]) - 1)
+            shown = client.exec(sandbox, "test -L /etc/resolv.conf || echo regular; cat /etc/resolv.conf").stdout
+            assert shown == f"regular\nnameserver {host_side}\n".encode()
+            client.call("snapshots.create", sandbox=sandbox, name=name)
+            fork = client.create(template=name, size="tiny")["id"]
+            assert client.exec(fork, "cat /etc/resolv.conf 2>&1; true").stdout == templates_own
+            client.destroy(fork)
+            assert client.exec(sandbox, "echo 'nameserver 192.0.2.1' > /etc/resolv.conf").exit_code == 0
+            assert client.exec(sandbox, "cat /etc/resolv.conf").stdout == b"nameserver 192.0.2.1\n", "its own to change"
+        finally:
+            client.destroy(plain)
+            client.destroy(sandbox)
+            client.call("templates.delete", name=name)
+
+
 def test_a_change_of_rules_forgets_what_the_old_name_rule_admitted(net_engine: EngineProcess, server: Server):
     """The addresses a name rule's answers admitted go with the rule: a new policy without the name
     reaches the address no more, even by the number the sandbox already knows."""

@@ -227,7 +227,9 @@ static void write_all(int fd, const char *text, const char *target) {
 
 /* The sandbox's /etc/hosts, in a layer of its own that the overlay stacks
  * above the template's: the text the engine read from the template's layers
- * (step->data), this sandbox's hostname, then step->source.  The directory
+ * (step->data), this sandbox's hostname, then step->source; and, when the
+ * request has one (a sandbox with a network: its resolver), its
+ * /etc/resolv.conf, which hides the template's whatever that is.  The directory
  * is on the scratch tmpfs this child mounted a few steps ago, which holds
  * nothing but what the plan made: no entry in it was planted, and none is
  * followed (O_EXCL).  Charged to the sandbox, like its writable layer. */
@@ -242,6 +244,12 @@ static void write_hosts(const struct step *step) {
     write_all(fd, spawning->hostname, "/etc/hosts");
     write_all(fd, step->source ? step->source : "\n", "/etc/hosts");
     close(fd);
+    if (spawning->resolv[0]) {
+        fd = openat(layer, "etc/resolv.conf", O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        if (fd < 0) fail("build root filesystem: write the sandbox's resolv.conf", "/etc/resolv.conf", errno);
+        write_all(fd, spawning->resolv, "/etc/resolv.conf");
+        close(fd);
+    }
     close(layer);
 }
 

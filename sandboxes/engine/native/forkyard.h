@@ -67,6 +67,7 @@ struct confinement {
 struct spawn_request {
     const char *token;
     const char *hostname;
+    const char *resolv;           /* the sandbox's /etc/resolv.conf, beside its /etc/hosts; "": none */
     uint32_t uid_base, uid_count; /* root inside is uid_base outside: the sandbox's own range */
     uint32_t layers_uid;          /* the range that owns the layers on disk (the sandboxes' group too) */
     uint64_t nofile;

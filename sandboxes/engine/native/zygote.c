@@ -15,7 +15,7 @@
  * writes them:
  *
  *   config  kept-capabilities                    + fd: the seccomp program
- *   spawn   token hostname uid-base uid-count layers-uid nofile
+ *   spawn   token hostname resolv uid-base uid-count layers-uid nofile
  *           cgroup-count cgroup.procs-path...
  *           layer-count layer-path...
  *           step-count (op within target source fstype data flags mode missing)...
@@ -310,6 +310,8 @@ static const char *parse_spawn(struct cursor *cursor) {
         if (*digit < '0' || *digit > '9') return "token";
     request->hostname = take_string(cursor, 64);  /* HOST_NAME_MAX */
     if (!request->hostname || !request->hostname[0]) return "hostname";
+    request->resolv = take_string(cursor, 1024);
+    if (!request->resolv) return "resolv";
     if (take_number(cursor, UINT32_MAX, &number) < 0) return "uid_base";
     request->uid_base = (uint32_t)number;
     if (take_number(cursor, UINT32_MAX, &number) < 0 || number == 0) return "uid_count";

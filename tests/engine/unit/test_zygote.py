@@ -53,6 +53,7 @@ def spawn_fields(**changes: object) -> list[object]:
         "op": "spawn",
         "token": 7,
         "hostname": "sb-test",
+        "resolv": "nameserver 198.19.0.0\n",
         "uid_base": 1000065536,
         "uid_count": 65536,
         "layers_uid": 1000000000,
