@@ -18,8 +18,9 @@ pytestmark = pytest.mark.root
 
 
 async def judge_rubric(judge_client: Any, judge_model: str, answer: str) -> float:
-    """What an RL library's judge does with the ``AsyncOpenAI`` client it is given (verifiers' JudgeRubric:
-    a plain ``chat.completions.create``), here with a structured answer."""
+    """What an RL library's judge does with the ``AsyncOpenAI`` client it is given (verifiers' JudgeRubric
+    before 0.4, and its 0.4 judges with the client they build from an endpoint's config: a plain
+    ``chat.completions.create``), here with a structured answer."""
     response = await judge_client.chat.completions.create(
         model=judge_model,
         messages=[{"role": "user", "content": f"Grade: {answer}"}],
