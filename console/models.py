@@ -161,6 +161,7 @@ class AuditEntry(models.Model):
         BUDGET_CHANGED = "budget.changed"
         BUDGET_DELETED = "budget.deleted"
         BUDGET_REACHED = "budget.reached"
+        RETENTION_CHANGED = "retention.changed"
 
     id = models.CharField(primary_key=True, max_length=32, default=audit_id, editable=False)
     team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="audit_entries")

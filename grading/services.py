@@ -23,6 +23,7 @@ from django.utils import timezone
 from billing.budgets import require_within
 from billing.models import MeteredUsage
 from billing.services import endpoint_transition, metered_record, tokens_metered
+from console.audit import Act, Actor, audit_record
 from console.db import one_writer
 from console.errors import Conflict, InvalidRequest, Unavailable
 from console.models import ApiKey, Team
@@ -146,17 +147,29 @@ def grade_record(
 
 
 @transaction.atomic
-def team_inference_set(*, team: Team, retain_days: int | None = None, zero_retention: bool | None = None) -> TeamInference:
-    """A team's retention (0 or up to 30 days: content kept that long) and whether it requires zero retention."""
+@transaction.atomic
+def team_inference_set(
+    *, team: Team, retain_days: int | None = None, zero_retention: bool | None = None, actor: Actor | None = None
+) -> TeamInference:
+    """A team's retention (0 or up to 30 days: content kept that long) and whether it requires zero retention;
+    a change is in the team's audit log (``retention.changed``: each setting from and to)."""
+    settings, _ = TeamInference.objects.get_or_create(team=team)
+    before = {"retain_days": Team.objects.get(pk=team.pk).retain_content_days, "zero_retention": settings.zero_retention}
     if retain_days is not None:
         if not 0 <= retain_days <= 30:
             raise InvalidRequest("invalid_request", "retention is 0 (off) to 30 days", field="retain_days")
         Team.objects.filter(pk=team.pk).update(retain_content_days=retain_days)
         team.retain_content_days = retain_days
-    settings, _ = TeamInference.objects.get_or_create(team=team)
     if zero_retention is not None:
         settings.zero_retention = zero_retention
         settings.save(update_fields=["zero_retention"])
+    after = {"retain_days": team.retain_content_days if retain_days is not None else before["retain_days"], "zero_retention": settings.zero_retention}
+    changed = {name: {"from": before[name], "to": after[name]} for name in after if before[name] != after[name]}
+    if changed:
+        audit_record(
+            team=team, actor=actor, action=Act.RETENTION_CHANGED, target_type="team", target_id=team.pk, target=team.name,
+            details=changed,
+        )
     transaction.on_commit(forget_configs)
     return settings
 

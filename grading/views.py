@@ -13,6 +13,7 @@ from django.shortcuts import redirect, render
 from django.views.decorators.http import require_POST
 
 from console.access import team_view
+from console.audit import Actor
 from console.errors import Refused, invalid
 from console.models import Membership
 from console.permissions import Action
@@ -59,7 +60,10 @@ def retention(request: HttpRequest, membership: Membership) -> HttpResponse:
         if not raw.isdigit():
             raise invalid("retention is 0 (off) to 30 days", field="retain_days")
         settings = services.team_inference_set(
-            team=membership.team, retain_days=int(raw), zero_retention=request.POST.get("zero_retention") == "on"
+            team=membership.team,
+            retain_days=int(raw),
+            zero_retention=request.POST.get("zero_retention") == "on",
+            actor=Actor.of(request),
         )
     except Refused as error:
         messages.error(request, f"Nothing changed: {error.message}.")

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 from django.urls import reverse
 
-from console.models import Team
+from console.models import AuditEntry, Team
 from grading.models import TeamInference
 from tests.console.conftest import World, client_for
 
@@ -28,6 +28,14 @@ def test_an_admin_turns_retention_and_zero_retention_on_then_off(admin_client: C
     assert kept(world.team_b) == (0, False), "another team's setting is its own"
     admin_client.post(reverse("console:retention"), {"retain_days": "0"})
     assert kept(world.team_a) == (0, False), "an unticked box turns zero retention off"
+    # Each change is in the team's audit log, with who made it and each setting from and to.
+    entries = AuditEntry.objects.filter(team=world.team_a, action="retention.changed").order_by("at", "id")
+    assert [(entry.actor, entry.details) for entry in entries] == [
+        ("user adam", {"retain_days": {"from": 0, "to": 30}, "zero_retention": {"from": False, "to": True}}),
+        ("user adam", {"retain_days": {"from": 30, "to": 0}, "zero_retention": {"from": True, "to": False}}),
+    ]
+    admin_client.post(reverse("console:retention"), {"retain_days": "0"})
+    assert entries.count() == 2, "a save that changes nothing is not a change"
 
 
 @pytest.mark.parametrize(
@@ -41,6 +49,7 @@ def test_a_wrong_value_changes_nothing_and_says_why(admin_client: Client, world:
     assert page.status_code == 200
     assert "Nothing changed:" in page.content.decode()
     assert kept(world.team_a) == (30, True)
+    assert AuditEntry.objects.filter(team=world.team_a, action="retention.changed").count() == 1, "only the first save"
 
 
 def test_a_member_cannot_change_it(world: World) -> None:
