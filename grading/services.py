@@ -147,7 +147,6 @@ def grade_record(
 
 
 @transaction.atomic
-@transaction.atomic
 def team_inference_set(
     *, team: Team, retain_days: int | None = None, zero_retention: bool | None = None, actor: Actor | None = None
 ) -> TeamInference:
@@ -163,7 +162,7 @@ def team_inference_set(
     if zero_retention is not None:
         settings.zero_retention = zero_retention
         settings.save(update_fields=["zero_retention"])
-    after = {"retain_days": team.retain_content_days if retain_days is not None else before["retain_days"], "zero_retention": settings.zero_retention}
+    after = {"retain_days": before["retain_days"] if retain_days is None else retain_days, "zero_retention": settings.zero_retention}
     changed = {name: {"from": before[name], "to": after[name]} for name in after if before[name] != after[name]}
     if changed:
         audit_record(

@@ -59,16 +59,17 @@ def retention(request: HttpRequest, membership: Membership) -> HttpResponse:
             raise invalid(f"unknown field {unknown[0][:40]!r}", field=unknown[0][:40])
         if not raw.isdigit():
             raise invalid("retention is 0 (off) to 30 days", field="retain_days")
+        days = int(raw)
         settings = services.team_inference_set(
             team=membership.team,
-            retain_days=int(raw),
+            retain_days=days,
             zero_retention=request.POST.get("zero_retention") == "on",
             actor=Actor.of(request),
         )
     except Refused as error:
         messages.error(request, f"Nothing changed: {error.message}.")
     else:
-        kept = f"content is kept {raw} days" if int(raw) else "nothing is kept"
+        kept = f"content is kept {days} days" if days else "nothing is kept"
         zero = "; calls go only to providers that keep nothing" if settings.zero_retention else ""
         messages.success(request, f"Saved: {kept}{zero}.")
     return redirect("console:inference")

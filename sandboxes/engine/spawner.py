@@ -95,8 +95,11 @@ class SpawnSpec:
         self.rootfs = rootfs.RootfsSpec(**{**raw["rootfs"], "lower": tuple(raw["rootfs"]["lower"])})
         self.socket_path = str(raw["socket_path"])
         self.nofile = int(raw.get("nofile", 65536))
-        # Its /etc/resolv.conf, in the layer that holds its /etc/hosts (so only with one): "", none.
-        self.resolv = str(raw.get("resolv", "")) if raw["rootfs"].get("hosts") else ""
+        # Its /etc/resolv.conf, written into the layer that holds its /etc/hosts: "", none. Without that layer
+        # nothing would write it, and the engine, counting on it, would not either: refused, not dropped.
+        self.resolv = str(raw.get("resolv", ""))
+        if self.resolv and not raw["rootfs"].get("hosts"):
+            raise ValueError("resolv is written beside the hosts file: a spec without one cannot have it")
 
 
 class Settings:

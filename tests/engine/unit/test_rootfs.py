@@ -279,3 +279,17 @@ def test_a_file_too_long_is_left_alone_and_one_not_text_replaced(tmp_path: Path)
 def test_an_etc_another_user_owns_is_left_alone(tmp_path: Path):
     layer = _layer(tmp_path / "t", {"etc/hosts": "127.0.0.1 localhost\n"})
     assert rootfs.template_hosts([layer], os.getuid() + 1) is None
+
+
+def test_a_resolv_conf_needs_the_hosts_layer_it_is_written_into() -> None:
+    """The child writes a spawn's resolv.conf beside its /etc/hosts: a spec with the one and not the other is
+    refused when parsed, never spawned with the file silently missing."""
+    from sandboxes.engine.spawner import SpawnSpec
+
+    raw = {"sandbox_id": "sb-x", "uid_base": 0, "uid_count": 1, "cgroup_procs": [], "socket_path": "/run/x.sock"}
+    rootfs_spec = {**SPEC._asdict(), "lower": list(SPEC.lower)}
+    resolv = "nameserver 198.19.0.0\n"
+    assert SpawnSpec({**raw, "rootfs": {**rootfs_spec, "hosts": "127.0.0.1 localhost\n"}, "resolv": resolv}).resolv == resolv
+    assert SpawnSpec({**raw, "rootfs": rootfs_spec}).resolv == ""
+    with pytest.raises(ValueError, match="beside the hosts file"):
+        SpawnSpec({**raw, "rootfs": rootfs_spec, "resolv": resolv})
