@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import sys
 from collections.abc import Callable
@@ -640,8 +639,7 @@ def ports(fy: Client, args: argparse.Namespace) -> int:
         def ready(local_port: int) -> None:
             print(f"forwarding 127.0.0.1:{local_port} -> {args.sandbox} port {args.port} (Ctrl-C ends it)", flush=True)
 
-        asyncio.run(_forward.forward(settings.url, settings.api_key, args.sandbox, args.port, args.local, ready))
-        return 0
+        return _forward.run(settings.url, settings.api_key, args.sandbox, args.port, args.local, ready)
     if args.action == "expose":
         port = sandbox.ports.expose(args.port, auth=args.auth, token_ttl_s=args.token_ttl)
         if _json_mode(args):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import signal
 from collections.abc import Callable
 from typing import Any
 
@@ -67,7 +68,8 @@ async def forward(
     url = _websocket_url(api_url, sandbox_id, port)
 
     def connect() -> Any:
-        return websocket_connect(url, additional_headers={"Authorization": f"Bearer {api_key}"}, max_size=None)
+        # close_timeout: a relay ended by a signal says goodbye briefly, not for websockets' default 10 s.
+        return websocket_connect(url, additional_headers={"Authorization": f"Bearer {api_key}"}, max_size=None, close_timeout=2)
 
     # One connection first, so that a bad key, sandbox or port is said at once rather than per connection.
     async with connect() as probe:
@@ -80,3 +82,35 @@ async def forward(
     async with server:
         on_ready(server.sockets[0].getsockname()[1])
         await server.serve_forever()
+
+
+def run(api_url: str, api_key: str, sandbox_id: str, port: int, local_port: int, on_ready: Callable[[int], None]) -> int:
+    """Forward until SIGTERM (exit status 143) or Ctrl-C (``KeyboardInterrupt``, as ``asyncio.run`` raises it).
+
+    SIGTERM is taken by the event loop and cancels the forwarding, as ``asyncio.run`` does with Ctrl-C:
+    the SDK's own SIGTERM handler raises wherever the main thread happens to be, which inside a
+    websocket's frame parser leaves that connection broken half way and the process hanging at exit."""
+
+    async def until_terminated() -> int:
+        loop = asyncio.get_running_loop()
+        forwarding = asyncio.ensure_future(forward(api_url, api_key, sandbox_id, port, local_port, on_ready))
+        terminated = False
+
+        def terminate() -> None:
+            nonlocal terminated
+            terminated = True
+            forwarding.cancel()
+
+        previous = signal.getsignal(signal.SIGTERM)
+        loop.add_signal_handler(signal.SIGTERM, terminate)
+        try:
+            await forwarding
+        except asyncio.CancelledError:
+            if not terminated:
+                raise
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+            signal.signal(signal.SIGTERM, previous)
+        return 128 + signal.SIGTERM if terminated else 0
+
+    return asyncio.run(until_terminated())

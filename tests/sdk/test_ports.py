@@ -95,8 +95,8 @@ def test_cli_forward_relays_a_local_port(stack: Stack, sb: Sandbox) -> None:
             page = httpx.get(f"http://127.0.0.1:{local}/index.html", timeout=30)
             assert page.status_code == 200 and page.text == PAGE
     finally:
-        forwarding.terminate()
-        forwarding.wait(timeout=30)
+        forwarding.terminate()  # SIGTERM: the relay ends from inside its loop, and says so by its status
+        assert forwarding.wait(timeout=30) == 143
     refused = subprocess.run(
         [*command, "ports", "forward", sb.id, "7002"], env=environment, capture_output=True, text=True, timeout=60
     )
