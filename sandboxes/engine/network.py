@@ -17,10 +17,13 @@ no device, address or rule is made for it.  One with a policy gets
 Each chain accepts replies to what it let out, drops all IPv6 and every
 packet to link-local addresses (cloud metadata: never, whatever the rules),
 accepts what a rule allows and records and drops the rest.  A rule's
-``cidr`` reaches private ranges (and the engine's pool: other sandboxes)
-only if it lies inside one, i.e. names it; a wider rule (``0.0.0.0/0``)
-reaches public addresses only.  The host's own addresses come in through the
-``input`` hook, where only such narrow rules apply.
+``cidr`` reaches a private range only if it lies inside one, i.e. names it;
+a wider rule (``0.0.0.0/0``) reaches public addresses only.  Other
+sandboxes (the engine's pool) and the host's own addresses are reached only
+by a rule naming the one address exactly (a /32): a ``10.0.0.0/8`` rule
+reaches the private network, not the host's own address in it, and a rule
+wide enough to hold the pool reaches no sandbox.  The host's own addresses
+come in through the ``input`` hook, where only such exact rules apply.
 
 Replacing a sandbox's rules (a policy changed) is one nftables transaction:
 flush its chains and add the new rules.  Removing them is another.  The
@@ -104,6 +107,12 @@ class Rule:
         if network is None or network.version != 4:
             return False
         return network.prefixlen == 32 or any(network.subnet_of(private) for private in PRIVATE)
+
+    @property
+    def exact(self) -> bool:
+        """One address: the only kind of rule that reaches the host itself or another sandbox."""
+        network = self.network
+        return network is not None and network.version == 4 and network.prefixlen == 32
 
     def to_dict(self) -> dict[str, Any]:
         where = {"host": self.host} if self.host else {"cidr": str(self.network)}
@@ -224,7 +233,9 @@ def _tag(sandbox_id: str) -> str:
 
 def _policy_key(rules: list[Rule], group: str) -> str:
     """The name of the chains of these rules under this group (pe-, ph-, pr-<key>): the same rules, the same chains."""
-    spec = json.dumps([[rule.to_dict() for rule in rules], group], sort_keys=True)
+    # The version names what the chains mean: 2 since the host and other sandboxes need an exact rule, so
+    # that an engine upgraded over a table of older chains makes its new sandboxes' chains afresh.
+    spec = json.dumps([2, [rule.to_dict() for rule in rules], group], sort_keys=True)
     return hashlib.blake2b(spec.encode(), digest_size=7).hexdigest()[:13]
 
 
@@ -243,13 +254,17 @@ def _match(left: dict[str, Any], right: Any, op: str = "==") -> dict[str, Any]:
     return {"match": {"op": op, "left": left, "right": right}}
 
 
-def _rule_exprs(rule: Rule) -> list[dict[str, Any]] | None:
-    """The matches of one address rule (IPv4 only: a sandbox has no IPv6 route), or None."""
+def _rule_exprs(rule: Rule, pool: ipaddress.IPv4Network) -> list[dict[str, Any]] | None:
+    """The matches of one address rule (IPv4 only: a sandbox has no IPv6 route), or None. A wide rule
+    skips the private ranges; a rule inside one that is not one address skips the engine's pool (other
+    sandboxes: reached only when named exactly)."""
     if rule.network is None or rule.network.version != 4:
         return None
     exprs = [_match(_daddr(), _prefix(rule.network))]
     if not rule.narrow:
         exprs.append(_match(_daddr(), {"set": [_prefix(private) for private in PRIVATE]}, "!="))
+    elif not rule.exact and rule.network.overlaps(pool):
+        exprs.append(_match(_daddr(), _prefix(pool), "!="))
     if rule.protocol != "any":
         exprs.append(_match({"meta": {"key": "l4proto"}}, rule.protocol))
     if rule.ports:
@@ -490,11 +505,11 @@ class Network:
             out.append({"add": self._object("rule", chain=f"{chain}-{key}", expr=list(expr))})
 
         for rule in rules:
-            exprs = _rule_exprs(rule)
+            exprs = _rule_exprs(rule, self.pool)
             if exprs is None:
                 continue
             add("pe", *exprs, {"accept": None})
-            if rule.narrow:
+            if rule.exact:  # the host's own addresses: only a rule naming one of them exactly
                 add("ph", *exprs, {"accept": None})
         web = proxied_ports(rules)
         if not web:
@@ -513,7 +528,7 @@ class Network:
         if group:
             add("pr", _match(_daddr(), f"@{_group_set(group)}"), {"return": None})
         for rule in rules:
-            exprs = _rule_exprs(rule)
+            exprs = _rule_exprs(rule, self.pool)
             if exprs is not None:
                 add("pr", *exprs, {"return": None})
         add(

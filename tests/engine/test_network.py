@@ -9,10 +9,13 @@ that engines of other tests are untouched.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import json
 import os
+import socket
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -77,6 +80,65 @@ def test_a_wide_rule_reaches_no_private_address_nor_the_host(net_engine: EngineP
         denied = {item["address"] for item in client.call("stats", id=sandbox)["network"]["denied"]}
         assert {server.address, host_side} <= denied
         client.destroy(sandbox)
+
+
+def test_the_host_and_other_sandboxes_need_a_rule_naming_them_exactly(net_engine: EngineProcess, server: Server):
+    """A rule over a private range reaches that range, but not the host's own address in it, nor another
+    sandbox when the range holds the engine's pool: those take a rule naming the one address (a /32)."""
+    host_address = str(ipaddress.ip_address(server.address) - 1)  # the host's end of the test's veth
+    subnet = str(ipaddress.ip_network(f"{server.address}/24", strict=False))
+    got: list[bytes] = []
+    listener = socket.create_server((host_address, 8085))
+    listener.settimeout(0.2)
+
+    def accept() -> None:
+        while True:
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return  # closed: the test is over
+            with connection:
+                connection.settimeout(5)
+                with contextlib.suppress(OSError):
+                    got.append(connection.recv(100))
+
+    threading.Thread(target=accept, daemon=True).start()
+    try:
+        with net_engine.client() as client:
+            wide = {
+                "egress": [{"cidr": subnet, "ports": [8080, 8085]}, {"cidr": net_engine.config.network_pool, "ports": [9000]}]
+            }
+            ranged = client.create(template="base", size="tiny", network=wide)["id"]
+            target = client.create(template="base", size="tiny", network=allow(server, 8080))["id"]
+            target_address = client.get(target)["network"]["address"]
+            client.exec(target, "setsid nc -l -p 9000 > /tmp/got < /dev/null 2>&1 &")
+            # The range itself: reached.
+            assert connect(client, ranged, server.address, 8080, "range")[1] == b"pong range\n"
+            # The host's own address in it, and a sandbox in the pool: refused, nothing arrives.
+            assert connect(client, ranged, host_address, 8085, "host")[0] != 0
+            assert connect(client, ranged, target_address, 9000, "sibling")[0] != 0
+            assert got == [] and client.exec(target, "cat /tmp/got").stdout == b""
+            denied = {item["address"] for item in client.call("stats", id=ranged)["network"]["denied"]}
+            assert {host_address, target_address} <= denied
+            # Named exactly: reached.
+            exact = {
+                "egress": [{"cidr": f"{host_address}/32", "ports": [8085]}, {"cidr": f"{target_address}/32", "ports": [9000]}]
+            }
+            named = client.create(template="base", size="tiny", network=exact)["id"]
+            assert connect(client, named, host_address, 8085, "host")[0] == 0
+            assert connect(client, named, target_address, 9000, "sibling")[0] == 0
+            for _ in range(100):
+                if got and client.exec(target, "cat /tmp/got").stdout:
+                    break
+                time.sleep(0.05)
+            assert got == [b"host\n"]
+            assert client.exec(target, "cat /tmp/got").stdout == b"sibling\n"
+            for sandbox in (ranged, target, named):
+                client.destroy(sandbox)
+    finally:
+        listener.close()
 
 
 def test_a_sandbox_cannot_change_its_address_or_route(net_engine: EngineProcess, server: Server):
