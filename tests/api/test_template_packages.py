@@ -14,7 +14,8 @@ import httpx
 import pytest
 
 from tests.api.test_template_builds import build
-from tests.engine.test_pip import DEBIAN, INDEX_PORT, VALUE, index
+from tests.engine.test_pip import INDEX_PORT, VALUE, index
+from tests.support.debian import DEBIAN, require_root_filesystem
 from tests.support.netns import Server, allow, server
 from tests.support.stack import Stack
 
@@ -25,8 +26,7 @@ __all__ = ["index", "server"]  # fixtures
 @pytest.fixture(scope="module")
 def debian(stack: Stack) -> str:
     """The Debian template with pip, on the stack's host and in the API."""
-    if not (DEBIAN / "usr" / "bin" / "pip3").exists():
-        pytest.skip(f"no Debian root filesystem with pip at {DEBIAN}: scripts/bootstrap builds it (needs Debian's mirror)")
+    require_root_filesystem(DEBIAN, "usr/bin/pip3")
     with stack.engine.client(timeout_s=300) as client:  # type: ignore[union-attr]
         client.import_template("debian-pip", str(DEBIAN), "directory", replace=True)
     with stack.client() as api:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import base64
 import io
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -29,10 +28,11 @@ from playwright.sync_api import Browser, Page
 from forkyard import Client
 from tests.api.test_template_builds import build
 from tests.browser.conftest import sign_in
+from tests.support.debian import DESKTOP as DESKTOP_CACHE
+from tests.support.debian import require_root_filesystem
 from tests.support.stack import Stack, Team
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-DESKTOP_CACHE = Path(os.environ.get("FORKYARD_DESKTOP_CACHE", "/var/cache/forkyard/debian-bookworm-desktop"))
 SPEC = Path(__file__).resolve().parents[2] / "sandboxes" / "environments" / "desktop.json"
 # A page of a colour nothing else on the screen has, that paints a green square wherever it is pressed:
 # where the page is on the screen, and where a click landed, are both read from screenshots.
@@ -58,11 +58,7 @@ PAINTED = (
 @pytest.fixture(scope="module")
 def desktop(stack: Stack) -> str:
     """The desktop template, built from the shipped spec on the bootstrap's Debian with its packages."""
-    if not (DESKTOP_CACHE / "usr" / "bin" / "Xvfb").exists():
-        message = f"no desktop root filesystem at {DESKTOP_CACHE}: scripts/bootstrap builds it (needs Debian's mirror)"
-        if os.environ.get("FORKYARD_CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require_root_filesystem(DESKTOP_CACHE, "usr/bin/Xvfb")
     with stack.engine.client(timeout_s=600) as client:  # type: ignore[union-attr]
         client.import_template("debian-desktop", str(DESKTOP_CACHE), "directory", replace=True)
     spec = json.loads(SPEC.read_text())

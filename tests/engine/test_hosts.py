@@ -20,11 +20,11 @@ import pytest
 from sandboxes.engine import errors
 from sandboxes.engine.client import EngineClient
 from tests.engine.networks import net_engine  # noqa: F401 - a fixture
+from tests.support.debian import DEBIAN, require_root_filesystem
 from tests.support.engine import EngineProcess
 
 pytestmark = pytest.mark.root
 
-DEBIAN = Path(os.environ.get("FORKYARD_DEBIAN_CACHE", "/var/cache/forkyard/debian-bookworm-pip"))
 LOOPBACK = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
 
 
@@ -147,8 +147,7 @@ def test_an_imported_resolv_conf_is_replaced_never_written_through(engine: Engin
 def test_a_debian_sandbox_resolves_localhost_and_names_no_resolver_of_the_build_host(
     net_engine: EngineProcess,  # noqa: F811 - the fixture
 ) -> None:
-    if not (DEBIAN / "usr" / "bin" / "python3").exists():
-        pytest.skip(f"no Debian root filesystem at {DEBIAN}: scripts/bootstrap builds it (needs Debian's mirror)")
+    require_root_filesystem(DEBIAN, "usr/bin/python3")
     with net_engine.client(timeout_s=300) as client:
         # debootstrap copied its host's resolv.conf into the tree (a cache built before the import
         # replaced it still holds it): the import replaces it.

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import os
 import subprocess
 import time
 import zipfile
@@ -20,11 +19,11 @@ from pathlib import Path
 import pytest
 
 from tests.engine.networks import net_engine  # noqa: F401 - a fixture
+from tests.support.debian import DEBIAN, require_root_filesystem
 from tests.support.engine import EngineProcess
 from tests.support.netns import Server, allow, server  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
-DEBIAN = Path(os.environ.get("FORKYARD_DEBIAN_CACHE", "/var/cache/forkyard/debian-bookworm-pip"))
 INDEX_PORT = 8090
 VALUE = "came from the test's own index"
 
@@ -82,8 +81,7 @@ def test_pip_installs_from_an_index_the_policy_allows_and_not_without_it(
     server: Server,  # noqa: F811
     index: str,
 ):
-    if not (DEBIAN / "usr" / "bin" / "pip3").exists():
-        pytest.skip(f"no Debian root filesystem with pip at {DEBIAN}: scripts/bootstrap builds it (needs Debian's mirror)")
+    require_root_filesystem(DEBIAN, "usr/bin/pip3")
     # Plain HTTP, as a private mirror may be: pip wants the host named as trusted for that.
     pip = (
         "/tmp/venv/bin/pip install --disable-pip-version-check --no-cache-dir --retries 0 --timeout 5"
