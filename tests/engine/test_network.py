@@ -24,7 +24,7 @@ import pytest
 from sandboxes.engine import errors, faults
 from tests.engine.networks import NAMES, connect, host_devices, name_servers, net_engine, table_objects
 from tests.support.engine import EngineProcess
-from tests.support.netns import Server, allow, server
+from tests.support.netns import Server, allow, ip, server
 
 __all__ = ["net_engine", "server", "NAMES"]  # fixtures, and names the tests use
 
@@ -370,10 +370,17 @@ def test_destroy_and_a_crashed_engine_leave_nothing_behind(net_engine: EnginePro
     store_pid = _init_pid(net_engine, doomed)
     os.kill(store_pid, 9)
     _wait_gone(store_pid)
+    # And a host-side device that outlived its sandbox with no namespace to take it along (both ends on
+    # the host), holding a pool address and with no rules left: found by its name and address alone.
+    stray = f"fy{_tag('stray-sandbox')}"
+    ip("link", "add", stray, "type", "veth", "peer", "name", "fystraypeer")
+    ip("addr", "add", f"{ipaddress.ip_network(net_engine.config.network_pool)[-2]}/31", "dev", stray)
+    assert stray in host_devices(net_engine)
     net_engine.start()
     with net_engine.client() as client:
-        assert client.info()["recovery"]["networks_removed"] == 1
+        assert client.info()["recovery"]["networks_removed"] == 2
         assert host_devices(net_engine) == [f"fy{_tag(kept)}"]
+        assert subprocess.run(["ip", "link", "show", "fystraypeer"], capture_output=True).returncode != 0
         # The adopted one still reaches what it may.
         assert connect(client, kept, server.address, 8080, "again")[1] == b"pong again\n"
         assert connect(client, kept, server.address, 8081)[0] != 0
