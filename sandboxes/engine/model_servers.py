@@ -50,6 +50,7 @@ import logging
 import os
 import pwd
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -276,6 +277,7 @@ class ModelServers:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await monitor
         await self._stop_process(record)
+        await asyncio.to_thread(shutil.rmtree, self.cache_directory(record), True)  # a vLLM server's caches
         self._save()
         return {"id": server_id, "removed": True}
 
@@ -329,9 +331,21 @@ class ModelServers:
             # vLLM's OpenAI server (GPU hosts): the same HTTP interface, its own guided decoding for json_schema.
             argv = [*(self.vllm_command.split() or [sys.executable, "-m", "vllm.entrypoints.openai.api_server"])]
             argv += ["--model", record.model, "--served-model-name", record.name, "--host", self.host, "--port", str(record.port)]
-            argv += ["--max-model-len", str(record.context_length), "--disable-log-requests"]
+            argv += ["--max-model-len", str(record.context_length)]
             environment["VLLM_API_KEY"] = record.token
+            # No prompt in its log: request logging is off by default since vLLM 0.10, and its old switch
+            # (--disable-log-requests) is gone since 0.12, where passing it stops the server from starting;
+            # releases before 0.10 log requests at INFO, which this level leaves out.
+            environment["VLLM_LOGGING_LEVEL"] = "WARNING"
+            # Its caches (compiled kernels, the hub's files) in a directory of its own that its user owns:
+            # it runs as model_server_user, whose home is /nonexistent.
+            cache = str(self.cache_directory(record))
+            environment.update(XDG_CACHE_HOME=cache, VLLM_CACHE_ROOT=f"{cache}/vllm", HF_HOME=f"{cache}/huggingface")
         return [*argv, f"--server-id={record.id}"], environment
+
+    def cache_directory(self, record: ServerRecord) -> Path:
+        """Where a vLLM server keeps its caches: made (owned by its user) before it starts, removed with it."""
+        return self.directory / f"{record.id}.cache"
 
     # --- running one -------------------------------------------------------------------
 
@@ -341,6 +355,11 @@ class ModelServers:
         log_path = self.directory / f"{record.id}.log"
         with open(os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as output:
             user = pwd.getpwnam(self.user) if self.user and os.geteuid() == 0 and record.kind == "vllm" else None
+            if record.kind == "vllm":
+                cache = self.cache_directory(record)
+                cache.mkdir(mode=0o700, exist_ok=True)
+                if user is not None:
+                    os.chown(cache, user.pw_uid, user.pw_gid)
             process = subprocess.Popen(  # noqa: S603 - argv built above from the kind, not from a caller
                 argv,
                 stdin=subprocess.DEVNULL,
