@@ -114,7 +114,14 @@ def test_an_infrastructure_failure_is_an_error_never_a_zero_reward(api):
     assert api.delete(f"/api/v1/sandboxes/{sandbox}", params={"wait": "true"}).status_code == 200
     check.join(90)
     died = answers[0]
-    assert died.status_code >= 400 and "reward" not in died.json(), died.text
+    assert died.status_code == 409 and "reward" not in died.json(), died.text
+    assert died.json()["error"]["code"] in ("sandbox_not_running", "sandbox_not_found"), died.text
     gone = api.post(f"/api/v1/sandboxes/{sandbox}/grade", json={"cmd": "true"})
     assert gone.status_code == 409 and "reward" not in gone.json(), gone.text
     assert json.loads(gone.text)["error"]["code"] == "sandbox_not_running"
+    # A check the kernel killed for the sandbox's memory limit (a tiny one's 128 MiB): no reward either.
+    small = api.post("/api/v1/sandboxes", json={"template": "base", "size": "tiny", "ttl_s": 300}).json()["id"]
+    killed = api.post(f"/api/v1/sandboxes/{small}/grade", json={"cmd": "dd if=/dev/zero of=/dev/null bs=400M count=1", "timeout_s": 60})
+    assert killed.status_code == 409 and killed.json()["error"]["code"] == "check_oom_killed", killed.text
+    assert "reward" not in killed.json()
+    api.delete(f"/api/v1/sandboxes/{small}")

@@ -104,6 +104,25 @@ def test_a_forced_tool_call_has_arguments_of_its_schema(stack, judge):
     call = answer.choices[0].message.tool_calls[0]
     assert call.function.name == "verdict" and answer.choices[0].finish_reason == "tool_calls"
     jsonschema.validate(json.loads(call.function.arguments), parameters)
+    # Streamed: the call comes as deltas (a name, then pieces of its arguments) that add up to the same.
+    names, pieces, finished = [], [], []
+    for chunk in client.chat.completions.create(
+        model=judge["name"],
+        messages=[{"role": "user", "content": "Did it pass?"}],
+        max_tokens=40,
+        tools=[{"type": "function", "function": {"name": "verdict", "parameters": parameters, "strict": True}}],
+        tool_choice={"type": "function", "function": {"name": "verdict"}},
+        stream=True,
+    ):
+        for choice in chunk.choices:
+            for delta in choice.delta.tool_calls or []:
+                assert delta.index == 0 and delta.function is not None
+                names.append(delta.function.name or "")
+                pieces.append(delta.function.arguments or "")
+            if choice.finish_reason:
+                finished.append(choice.finish_reason)
+    assert "".join(names) == "verdict" and finished == ["tool_calls"]
+    jsonschema.validate(json.loads("".join(pieces)), parameters)
 
 
 def test_unknown_fields_and_wrong_types_are_openai_shaped_400s(stack, judge):
@@ -182,6 +201,9 @@ class FakeProvider:
                 if mode == "error500":
                     self._answer(500, {"error": {"message": "provider exploded"}})
                     return
+                if mode == "cut" and asked.get("stream"):
+                    self._stream("ok", cut=True)
+                    return
                 content = '{"score": "high"}' if mode == "garbage" else "ok"
                 if asked.get("stream"):
                     self._stream(content)
@@ -198,7 +220,8 @@ class FakeProvider:
                     },
                 )
 
-            def _stream(self, content: str) -> None:
+            def _stream(self, content: str, cut: bool = False) -> None:
+                """A streamed answer; ``cut``: the first event, then the connection closed (no [DONE])."""
                 self.send_response(200)
                 self.send_header("content-type", "text/event-stream")
                 self.end_headers()
@@ -209,7 +232,12 @@ class FakeProvider:
                     {**chunk, "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}},
                 ):
                     self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
-                self.wfile.write(b"data: [DONE]\n\n")
+                    if cut:
+                        self.wfile.flush()
+                        time.sleep(0.2)  # the first event on its way before the break
+                        break
+                else:
+                    self.wfile.write(b"data: [DONE]\n\n")
                 self.close_connection = True
 
             def _answer(self, status: int, body: dict[str, Any]) -> None:
@@ -291,6 +319,25 @@ def test_an_upstream_that_fails_or_hangs_is_a_clear_502_or_504(stack, provider):
     finally:
         for name in names:
             remove_upstream(stack, name)
+
+
+def test_an_upstream_that_breaks_off_mid_stream_ends_the_stream_with_an_error(stack, provider):
+    """What came before the break is passed on; then an error event (the official client raises it), never
+    a stream that just stops and looks finished."""
+    name = f"cut-{uuid.uuid4().hex[:6]}"
+    add_upstream(stack, name, provider.url("cut"), "provider-secret", [name], timeout_s=5, keeps_prompts=False)
+    try:
+        client = client_for(stack, stack.teams[0].key)
+        _wait_for_model(client, name)
+        received: list[str] = []
+        with pytest.raises(openai.APIError) as broken:
+            for chunk in client.chat.completions.create(model=name, messages=[{"role": "user", "content": "x"}], stream=True):
+                received.extend(choice.delta.content or "" for choice in chunk.choices)
+        assert "".join(received) == "ok"
+        assert broken.value.code == "upstream_error" and "before [DONE]" in broken.value.message
+        assert "provider-secret" not in json.dumps(broken.value.body)
+    finally:
+        remove_upstream(stack, name)
 
 
 @contextlib.contextmanager
