@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from tests.support.grading import deploy, judge_schema
+from tests.support.grading import add_upstream, deploy, judge_schema, remove_upstream
 
 pytestmark = pytest.mark.root
 
@@ -77,14 +77,30 @@ def _everywhere(stack: Any, marker: str, since: float) -> list[str]:
 
         client = redis.Redis.from_url(os.environ.get("FORKYARD_TEST_REDIS", "redis://127.0.0.1:6379/0"))
         for key in client.scan_iter(f"*{stack.tag}*"):
-            kind = client.type(key)
-            values = [client.get(key)] if kind == b"string" else client.lrange(key, 0, -1) if kind == b"list" else []
-            if any(marker.encode() in (value or b"") for value in values):
+            if any(marker.encode() in (value or b"") for value in _redis_values(client, key)):
                 found.append(f"redis {key!r}")
         dump = subprocess.run(["pg_dump", "--data-only", stack.environment()["DATABASE_URL"]], capture_output=True, timeout=120)
         if dump.returncode == 0 and marker.encode() in dump.stdout:
             found.append("the PostgreSQL database (pg_dump)")
     return found
+
+
+def _redis_values(client: Any, key: bytes) -> list[bytes]:
+    """Everything a Redis key holds, whatever its kind (kombu's unacked messages are a hash, say)."""
+    kind = client.type(key)
+    if kind == b"string":
+        return [client.get(key) or b""]
+    if kind == b"list":
+        return list(client.lrange(key, 0, -1))
+    if kind == b"hash":
+        return [*client.hkeys(key), *client.hvals(key)]
+    if kind == b"set":
+        return list(client.smembers(key))
+    if kind == b"zset":
+        return list(client.zrange(key, 0, -1))
+    if kind == b"stream":
+        return [repr(entry).encode() for entry in client.xrange(key)]
+    return []
 
 
 def _use_the_gateway(stack: Any, key: str, model: str, marker: str, headers: dict[str, str] | None = None) -> str:
@@ -105,6 +121,26 @@ def _use_the_gateway(stack: Any, key: str, model: str, marker: str, headers: dic
         )
         assert grade.status_code == 200, grade.text
         return str(grade.json()["id"])
+
+
+def _use_an_upstream(stack: Any, model: str, marker: str) -> None:
+    """A call and a stream carrying the marker through an operator's upstream: another forkyard web process
+    (answering through its views) serving ``model`` under another name. The gateway's pass-through and the
+    other side's handling keep nothing either."""
+    remote = f"remote-{uuid.uuid4().hex[:6]}"
+    base_url = f"{stack.start_view_only_web()}/api/v1/inference"
+    add_upstream(stack, remote, base_url, stack.teams[0].key, [remote], model_names={remote: model}, keeps_prompts=False)
+    try:
+        client = openai.OpenAI(base_url=f"{stack.url}/api/v1/inference", api_key=stack.teams[0].key, max_retries=0)
+        deadline = time.monotonic() + 10  # the gateway reads a team's routes again every 2 s
+        while remote not in [listed.id for listed in client.models.list()]:
+            assert time.monotonic() < deadline, "the upstream's model never appeared"
+            time.sleep(0.2)
+        message = [{"role": "user", "content": f"upstream {marker}"}]
+        assert client.chat.completions.create(model=remote, messages=message, max_tokens=8).model == remote
+        assert list(client.chat.completions.create(model=remote, messages=message, max_tokens=8, stream=True))
+    finally:
+        remove_upstream(stack, remote)
 
 
 def _console_as(stack: Any, team: Any) -> httpx.Client:
@@ -129,6 +165,7 @@ def test_by_default_a_prompt_is_written_nowhere(stack, judge):
     marker = f"MARKER-{uuid.uuid4().hex}"
     since = time.time() - 1
     grade_id = _use_the_gateway(stack, stack.teams[0].key, judge["name"], marker)
+    _use_an_upstream(stack, judge["name"], marker)
     # Calls that fail carry it too (in their content: a model's name is metadata, kept like the rest): a model
     # no one serves, an unknown field, a schema the request breaks.
     client = openai.OpenAI(base_url=f"{stack.url}/api/v1/inference", api_key=stack.teams[0].key, max_retries=0)
