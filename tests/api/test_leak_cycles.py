@@ -8,7 +8,7 @@ its cgroups and their namespaces, processes running as a sandbox uid anywhere
 on the host, the user and network namespaces the host refers to, zombies,
 mounts, cgroups, control sockets, the engine's file descriptors and threads,
 the state directory's files and bytes, the firewall ruleset; and the kernel's
-unreclaimable slab within a few percent of its start, once settled.
+unreclaimable slab no more than a few percent above its start, once settled.
 
 It drives the engine directly (the ``engine_process`` fixture), not the API:
 it lives here only because tests/engine belongs to the engine's own work
@@ -41,7 +41,9 @@ def test_create_exec_destroy_cycles_leave_the_host_at_its_baseline(engine_proces
     assert after["sandbox_uid_processes"] <= before["sandbox_uid_processes"], (before, after)
     # Every cycle's sandbox is remembered as a tombstone (kept a day, by design), nothing else.
     assert result["tombstones_added"] == CYCLES
-    assert abs(result["slab_change_pct"]) <= SLAB_TOLERANCE_PCT, (
+    # A leak grows it; the machine's other work may shrink it (a test session beside this one freeing its
+    # sandboxes), which says nothing of ours.
+    assert result["slab_change_pct"] <= SLAB_TOLERANCE_PCT, (
         f"unreclaimable slab {before['slab_unreclaimable_kib']} -> {after['slab_unreclaimable_kib']} KiB "
         f"({result['slab_change_pct']:+} %; other engines' processes before/after: {result['foreign_processes']}; "
         f"settling: {result['settle']})"
