@@ -296,7 +296,13 @@ static void write_file(const struct file_request *request, char *path, int conte
         }
     }
     int fd = open_in_root(path, O_WRONLY | O_CREAT | O_NONBLOCK, request->mode & 07777);
-    if (fd < 0) return reply_error(errno, "");
+    if (fd < 0) {
+        /* The content's pipe closed too: the engine, feeding it before it reads this answer, sees EPIPE
+         * at once instead of waiting for room that never comes (a full disk refuses the file itself). */
+        int saved = errno;
+        close(content);
+        return reply_error(saved, "");
+    }
     struct stat info;
     int64_t copied = 0;
     if (fstat(fd, &info) < 0) {
