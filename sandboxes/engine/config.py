@@ -91,6 +91,16 @@ class EngineConfig:
     # Dedicated inference endpoints' model servers (model_servers.py): host processes, outside any
     # sandbox, listening on this address (a private one when web servers run on other machines), run
     # as this user; vLLM's command on GPU hosts ("" : python -m vllm.entrypoints.openai.api_server).
+    # Where sandboxes' writable layers live (disks.py): "btrfs", a subvolume each with a quota, on
+    # <state>/disks (an operator's own btrfs mounted there, or an image of disk_pool_gib the engine makes:
+    # 0, a quarter of the free space, within 4-1024 GiB); "memory", a tmpfs each, counted against the
+    # sandbox's memory (the only way on a kernel without btrfs); "auto", btrfs where it can be, else memory.
+    disk: str = "auto"
+    disk_pool_gib: int = 0
+    # The largest disk a create may ask for (disk_mib): quotas are promises, not allocations, so the sum
+    # may pass the pool's size; a create is refused while the pool has less than disk_reserve_mib free.
+    max_disk_mib: int = 256 * 1024
+    disk_reserve_mib: int = 512
     model_server_host: str = "127.0.0.1"
     model_server_user: str = "nobody"
     vllm_command: str = ""
@@ -102,6 +112,16 @@ class EngineConfig:
     @property
     def layers_dir(self) -> Path:
         return self.state_dir / "layers"
+
+    @property
+    def disks_dir(self) -> Path:
+        """The btrfs filesystem of sandboxes' disks (disks.py): a subvolume each, named after the sandbox."""
+        return self.state_dir / "disks"
+
+    @property
+    def disks_image(self) -> Path:
+        """The file that filesystem lives in, when the engine made it (no device of an operator's)."""
+        return self.state_dir / "disks.img"
 
     @property
     def mount_dir(self) -> Path:

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from . import (
+    disks,
     egress_proxy,
     exec_keys,
     execution,
@@ -70,7 +71,7 @@ from .native import BUILD_DIR, build_init
 from .pool import WarmPools, parse_targets
 from .recovery import RecoveryReport, init_alive, kill_init, reconcile
 from .sandbox_files import FileWriter, IdleWriters, SandboxTree
-from .sizes import MAX_SIZE_NAME, MEBIBYTE, Size, explicit_size
+from .sizes import MAX_SIZE_NAME, MEBIBYTE, MIN_DISK_MIB, Size, explicit_size
 from .snapshots import Snapshots
 from .spawner_client import SpawnerClient
 from .store import LIVE_STATES, SandboxRecord, Store, open_store
@@ -223,6 +224,7 @@ class Engine:
         self.snapshots = Snapshots(self)
         self.desktop = Desktop(self)  # screenshots and input of a sandbox's X desktop (desktop.py)
         self.network = network.Network(config.network_pool, config.network_table, self.kernel)
+        self.disks = disks.Disks(config, self.kernel)  # sandboxes' writable layers, on disk (disks.py)
         self.resolvers = resolver.Resolvers(
             self.network.admit, config.network_hosts, config.network_upstream
         )  # one per policed sandbox
@@ -281,6 +283,8 @@ class Engine:
             os.chmod(directory, mode)
         for shared in ("root", "scratch"):
             (config.mount_dir / shared).mkdir(exist_ok=True)
+        self.disks.setup()  # before recovery, which deletes the disks of sandboxes that are gone
+        log.info("sandbox disks: %s", self.disks.info())
         # In place: every adopted sandbox's /dev is a bind of this directory.
         if remade := rootfs.prepare_dev(str(config.state_dir / "dev")):
             log.info("made %d entries of %s", remade, config.state_dir / "dev")
@@ -555,6 +559,11 @@ class Engine:
             os.unlink(record.socket_path)
         except FileNotFoundError:
             pass
+        if record.disk_volume:
+            try:
+                self.disks.remove(record.id)  # its space comes back as btrfs's cleaner gets to it
+            except EngineError as error:
+                log.error("%s", error)  # recovery's reclaim deletes it at the next start
         self._free_range(record)
 
     # --- queries ------------------------------------------------------------------
@@ -590,6 +599,7 @@ class Engine:
             "committed_memory_mib": committed_mib,
             "watches": self.watches.count,
             "model_servers": len(self.model_servers.servers),
+            "disks": self.disks.info(),  # where writable layers live, and the pool's space (disks.py)
             "sizes": {name: vars(size) for name, size in self.config.sizes.items()},
             "counters": dict(self.counters),
             "processes": self.processes.count(),
@@ -685,9 +695,12 @@ class Engine:
         stats["denied_names"] = len(refused)
         return stats
 
-    def _disk_used(self, record: SandboxRecord) -> tuple[int, int]:
-        """What its writable layer's tmpfs holds (the filesystem its disk limit is the size of: its writes,
-        ``/dev/shm``), bytes and files; init holds it open as fd 5. (0, 0) for a sandbox whose init went."""
+    def _disk_used(self, record: SandboxRecord) -> tuple[int, int | None]:
+        """What its disk holds (its writes, ``/dev/shm``): on disk, the bytes its quota group counts (data and
+        metadata; files are not counted there: None); in a tmpfs of its own, its bytes and files (init holds it
+        open as fd 5). (0, 0) for a sandbox whose init went."""
+        if record.disk_volume:
+            return self.disks.usage(record.disk_volume), None
         try:
             usage = os.statvfs(f"{self.config.proc_dir}/{record.pid}/fd/5")
         except OSError:
@@ -727,6 +740,10 @@ class Engine:
             raise InvalidRequest("template must be a template name", field="template")
         self.templates.get(template)  # raises TemplateNotFound
         size = self._parse_size(args)
+        if args.get("disk_mib") is not None:
+            disk_mib = _number(args, "disk_mib", None, MIN_DISK_MIB, self.config.max_disk_mib, integer=True)
+            if disk_mib * MEBIBYTE != size.limits.disk_bytes:  # not the size's own disk: not its warm pool's
+                size = RequestedSize(size.name, dataclasses.replace(size.limits, disk_mib=disk_mib), shape_is_named_size=False)
         ttl_s = _number(args, "ttl_s", self.config.default_ttl_s, 1, self.config.max_ttl_s, integer=True)
         idle_timeout_s = _number(args, "idle_timeout_s", 0, 0, self.config.max_ttl_s, integer=True)
         return CreateRequest(
@@ -925,6 +942,12 @@ class Engine:
                 self.store.release_key(request.key, request.sandbox_id)
             raise NoCapacity(f"this host runs its maximum of {self.config.max_sandboxes} sandboxes", retry_after_s=5)
         template = self.templates.get(request.template)
+        try:
+            self.disks.check_room()  # NoCapacity while the disk pool is (nearly) full
+        except NoCapacity:
+            if request.key:
+                self.store.release_key(request.key, request.sandbox_id)
+            raise
         now = time.time()
         root_uid = self.ranges.claim(request.sandbox_id, now)
         if root_uid is None:
@@ -1058,6 +1081,8 @@ class Engine:
     ) -> None:
         limits = Limits(cpu=record.cpu, memory_bytes=record.memory_mib * MEBIBYTE, pids=record.pids_max)
         try:
+            if self.disks.backend == "btrfs":
+                record.disk_volume = self.disks.make(record.id, self.root_uid(record), record.disk_bytes)
             procs = self.cgroups.create(record.cgroup, limits, group_memory_bytes)
             record.cgroup_dirs = [str(directory) for directory in self.cgroups.directories(record.cgroup)]
             faults.reached("create:cgroup")
@@ -1076,6 +1101,7 @@ class Engine:
                     "disk_bytes": record.disk_bytes,
                     "dev_dir": str(self.config.state_dir / "dev"),
                     "empty_dir": str(self.config.mount_dir / "empty"),
+                    "disk_dir": str(self.disks.path(record.id)) if record.disk_volume else "",
                     **self._hosts_file(record.layers),
                 },
             }

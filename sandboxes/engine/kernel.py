@@ -232,6 +232,14 @@ def mount_id(fd: int, name: str = "") -> int:
     return int(struct.unpack_from("=Q", buffer.raw, 144)[0])
 
 
+def filesystem_type(fd: int) -> int:
+    """The magic number of the filesystem holding ``fd`` (fstatfs' f_type: os.statvfs does not give it)."""
+    buffer = ctypes.create_string_buffer(120)  # struct statfs; f_type is the long at its start
+    if _libc.fstatfs(fd, buffer) != 0:
+        raise _fail("fstatfs", f"fd {fd}")
+    return int(struct.unpack_from("l", buffer.raw)[0])
+
+
 def process_start_time(pid: int, proc: str = "/proc") -> int:
     """Field 22 of /proc/<pid>/stat: with the pid, it names one process forever."""
     with open(f"{proc}/{pid}/stat", "rb") as stat:

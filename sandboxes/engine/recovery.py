@@ -26,8 +26,11 @@ Reclaimers run in order and each counts what it cleaned:
              with a network policy that are gone (network.py); the offline
              reclaim removes the engine's nftables table too.  Untouched on a
              host where no sandbox ever had a policy.
-7. imports   half-written template layers (``.incoming-*``) are removed.
-8. history   tombstones older than the retention are purged.
+7. disks     the disks (btrfs subvolumes, disks.py) of sandboxes that are
+             not adopted are deleted; the offline reclaim deletes them all
+             and unmounts the engine's own disk image.
+8. imports   half-written template layers (``.incoming-*``) are removed.
+9. history   tombstones older than the retention are purged.
 
 Policy: adopt rather than reap, because a sandbox is somebody's rollout; but
 only what we can prove is ours, healthy and whole.
@@ -47,6 +50,7 @@ from typing import Any
 from . import statedir
 from .cgroups import CgroupError, Cgroups, split_name
 from .config import EngineConfig
+from .disks import Disks, is_btrfs
 from .errors import EngineError
 from .kernel import MNT_DETACH, Kernel, KernelError, process_start_time
 from .network import Network
@@ -69,6 +73,7 @@ class RecoveryReport:
     incoming_removed: int = 0
     tombstones_purged: int = 0
     networks_removed: int = 0  # sandboxes whose veth, chains or sets outlived them (engine.py, network.py)
+    disks_removed: int = 0  # sandboxes whose disk (a btrfs subvolume) outlived them (disks.py)
     quarantined: int = 0
     seconds: float = 0.0
     adopted_ids: list[str] = field(default_factory=list)
@@ -235,6 +240,12 @@ def reconcile(
         # start the layers' own nosuid,nodev mount is made before this runs,
         # and kept: statedir.py.)
         report.mounts_removed += statedir.detach_layers(config, kernel)
+
+    if is_btrfs(config.disks_dir):
+        disks = Disks(config, kernel)
+        report.disks_removed = disks.reclaim({record.id for record in adopted})
+        if not adopt:
+            disks.detach()
 
     try:
         for entry in os.scandir(config.layers_dir):

@@ -7,9 +7,12 @@ the steps as data, in the order they run, so that the sequence of mounts can
 be read and tested without root:
 
 1. Make every mount private, so nothing we mount propagates to the host.
-2. Mount a tmpfs "scratch" sized to the sandbox's disk limit, with a number
-   of inodes in proportion: it holds the overlay's writable layer, so writes
-   are charged to the sandbox's memory cgroup and vanish with it.  Keep a handle on the writable layer (init's
+2. Its disk holds the overlay's writable layer: a directory of its own on
+   the host's disk filesystem (``disk_dir``: a btrfs subvolume with a quota,
+   owned by its root, made by the engine, ``disks.py``), or else a tmpfs
+   "scratch" mounted here, sized to the sandbox's disk limit, with a number of
+   inodes in proportion, whose writes are charged to its memory cgroup.
+   Either vanishes with it.  Keep a handle on the writable layer (init's
    fd 5, for snapshots).
 3. Attach the layers: the zygote opened each as a detached mount, idmapped
    from the layers' uid range into the sandbox's own (mounts, not copies;
@@ -214,6 +217,9 @@ class RootfsSpec(NamedTuple):
     empty_dir: str  # prepared by prepare_empty()
     hosts: str = ""  # the sandbox's /etc/hosts but for its hostname's line (template_hosts); "": none
     etc_mode: int = 0o755  # of the /etc that holds it
+    # Its disk (disks.py): a host directory of its own (a btrfs subvolume with a quota, owned by its root)
+    # that takes the scratch tmpfs's place; "": the tmpfs, sized disk_bytes.
+    disk_dir: str = ""
 
 
 class Step(NamedTuple):
@@ -409,23 +415,27 @@ def _mount_on(target: str, source: str, fstype: str, flags: int, data: str = "",
 
 def plan(spec: RootfsSpec) -> tuple[Step, ...]:
     """Every step that builds the sandbox's root, in the order they run."""
-    upper = os.path.join(spec.scratch_dir, "upper")
-    work = os.path.join(spec.scratch_dir, "work")
-    lower = os.path.join(spec.scratch_dir, "lower")
-    # /dev/shm lives on the scratch tmpfs beside the writable layer (charged to
-    # the sandbox, bounded by its disk, never in a snapshot): a tmpfs of its own
+    # Its disk: a directory of its own on the host's shared disk filesystem (nothing to mount: one
+    # superblock for every sandbox), or a tmpfs of its own mounted on the shared scratch mount point.
+    scratch = spec.disk_dir or spec.scratch_dir
+    upper = os.path.join(scratch, "upper")
+    work = os.path.join(scratch, "work")
+    lower = os.path.join(scratch, "lower")
+    # /dev/shm lives on its disk beside the writable layer (charged to the
+    # sandbox, bounded by its disk, never in a snapshot): a tmpfs of its own
     # was one more superblock, and superblocks cost every memory cgroup a slot.
-    shared_memory = os.path.join(spec.scratch_dir, "shm")
+    shared_memory = os.path.join(scratch, "shm")
+    scratch_tmpfs = Step(
+        "mount",
+        spec.scratch_dir,
+        source="forkyard",
+        fstype="tmpfs",
+        flags=MS_NOSUID | MS_NODEV,
+        data=f"size={spec.disk_bytes},nr_inodes={scratch_inodes(spec.disk_bytes)},mode=0755",
+    )
     return (
         Step("mount", "/", flags=MS_REC | MS_PRIVATE),
-        Step(
-            "mount",
-            spec.scratch_dir,
-            source="forkyard",
-            fstype="tmpfs",
-            flags=MS_NOSUID | MS_NODEV,
-            data=f"size={spec.disk_bytes},nr_inodes={scratch_inodes(spec.disk_bytes)},mode=0755",
-        ),
+        *([] if spec.disk_dir else [scratch_tmpfs]),
         Step("mkdir", upper, mode=0o755),
         Step("mkdir", work, mode=0o700),
         Step("mkdir", shared_memory, mode=0o1777),

@@ -120,6 +120,8 @@ ENOSYS_SYSCALLS = ("clone3",)
 
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
+IOCTL_TYPE_MASK = 0xFF00  # an ioctl request's type byte (linux/ioctl.h)
+BTRFS_IOCTL_TYPE = 0x94
 AF_ALG = 38
 AF_VSOCK = 40
 FILE_TYPE_MASK = 0o170000  # S_IFMT
@@ -157,6 +159,9 @@ def _rules() -> list[_Rule]:
     # bits cannot slip past the filter.
     low = 0xFFFFFFFF
     rules += [_Rule("ioctl", deny, ((1, SCMP_CMP_MASKED_EQ, low, request),)) for request in (TIOCSTI, TIOCLINUX)]
+    # Every btrfs ioctl (type 0x94): a sandbox's /dev/shm is a directory of its disk, a btrfs subvolume, and
+    # a subvolume made under it would be counted apart from its quota, unlimited (disks.py).
+    rules.append(_Rule("ioctl", deny, ((1, SCMP_CMP_MASKED_EQ, IOCTL_TYPE_MASK, BTRFS_IOCTL_TYPE << 8),)))
     rules += [_Rule("socket", deny, ((0, SCMP_CMP_MASKED_EQ, low, family),)) for family in (AF_ALG, AF_VSOCK)]
     for device_type in (stat.S_IFCHR, stat.S_IFBLK):
         rules.append(_Rule("mknod", deny, ((1, SCMP_CMP_MASKED_EQ, FILE_TYPE_MASK, device_type),)))

@@ -25,6 +25,9 @@ MAX_SIZE_NAME = 64
 EXPLICIT_PIDS_PER_MIB = 2
 EXPLICIT_PIDS_MIN = 64
 EXPLICIT_PIDS_MAX = 16384
+EXPLICIT_DISK_MIN_MIB = 1024
+EXPLICIT_DISK_MAX_MIB = 64 * 1024
+MIN_DISK_MIB = 16  # the least disk a create may ask for (disk_mib)
 
 
 @dataclass(frozen=True)
@@ -34,8 +37,8 @@ class Size:
     cpu: float
     memory_mib: int
     pids: int = 1024
-    # The writable layer is memory-backed (see ARCHITECTURE.md); by default it
-    # may grow as large as the memory limit, which bounds it anyway.
+    # What its writable layer may hold: a quota on disk (disks.py), or, on a host without a disk backend,
+    # a tmpfs of that size that its memory limit bounds too. 0: as much as its memory.
     disk_mib: int = 0
 
     @property
@@ -49,16 +52,27 @@ class Size:
 
 
 def explicit_size(cpu: float, memory_mib: int) -> Size:
-    """The size of a shape given as ``cpu`` and ``memory_mib``: pids scale with memory."""
+    """The size of a shape given as ``cpu`` and ``memory_mib``: pids scale with memory, and so does the
+    disk (twice the memory, 1 to 64 GiB) unless the create names one (``disk_mib``)."""
     pids = max(EXPLICIT_PIDS_MIN, min(EXPLICIT_PIDS_MAX, memory_mib * EXPLICIT_PIDS_PER_MIB))
-    return Size(cpu=cpu, memory_mib=memory_mib, pids=pids)
+    disk_mib = max(EXPLICIT_DISK_MIN_MIB, min(EXPLICIT_DISK_MAX_MIB, memory_mib * 2))
+    return Size(cpu=cpu, memory_mib=memory_mib, pids=pids, disk_mib=disk_mib)
+
+
+def included_disk_mib(size: str, cpu: float, memory_mib: int) -> int:
+    """The disk a sandbox of this size and shape gets unless its create names one: a shipped size's own (when
+    its shape is that size's), else an explicit shape's (twice its memory, 1 to 64 GiB)."""
+    shipped = DEFAULT_SIZES.get(size)
+    if shipped is not None and shipped.has_shape(cpu, memory_mib):
+        return shipped.disk_mib
+    return explicit_size(cpu, memory_mib).disk_mib
 
 
 # Read-only: the engine and the control plane share it, and neither may change
 # the other's sizes by accident (an engine's own sizes are in EngineConfig.sizes).
 DEFAULT_SIZES: Mapping[str, Size] = MappingProxyType(
     {
-        "tiny": Size(cpu=1, memory_mib=128, pids=256),
-        "default": Size(cpu=2, memory_mib=4096, pids=4096),
+        "tiny": Size(cpu=1, memory_mib=128, pids=256, disk_mib=1024),
+        "default": Size(cpu=2, memory_mib=4096, pids=4096, disk_mib=10 * 1024),
     }
 )

@@ -115,6 +115,8 @@ class SandboxRecord:
     # Its network (network.py), for a sandbox with a policy: slot, interface,
     # addresses and the egress rules applied; {} for loopback only.
     network: dict[str, Any] = field(default_factory=dict)
+    # Its disk's btrfs subvolume (disks.py), whose quota group counts what it holds; 0: a tmpfs of its own.
+    disk_volume: int = 0
 
     @classmethod
     def from_json(cls, raw: str) -> SandboxRecord:

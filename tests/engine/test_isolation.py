@@ -128,6 +128,16 @@ def test_tiocsti_terminal_injection_is_refused(probed):
     assert inside(probed, "tiocsti") == "EPERM"
 
 
+def test_btrfs_ioctls_cannot_make_a_subvolume_beyond_the_disk_quota(probed, probe_binary, engine_process):
+    """/dev/shm is a directory of the sandbox's disk itself (a btrfs subvolume, not the overlay): a subvolume
+    made there would be counted apart, unlimited. Every btrfs ioctl is refused inside."""
+    control = engine_process.config.disks_dir
+    assert on_host(probe_binary, "btrfs_subvolume", str(control)) == "OK"
+    subprocess.run(["btrfs", "subvolume", "delete", str(control / "probe-subvolume")], check=True, capture_output=True)
+    assert inside(probed, "btrfs_subvolume", "/dev/shm") == "EPERM"
+    assert inside(probed, "btrfs_subvolume", "/tmp") in {"EPERM", "ENOTTY"}  # the overlay passes none on anyway
+
+
 def test_mknod_of_a_device_is_refused(probed, probe_binary, tmp_path):
     node = tmp_path / "control-null"
     assert on_host(probe_binary, "mknod_char", str(node)) == "OK"

@@ -181,6 +181,9 @@ def test_sandbox_dying_while_the_engine_is_down_is_noticed(own_engine: EnginePro
     own_engine.start()
     with own_engine.client() as client:
         assert client.info()["recovery"]["stopped"] == 1
+        # Its disk went with it (nothing can run there any more), deleted by recovery.
+        assert client.info()["recovery"]["disks_removed"] == 1
+        assert not (own_engine.config.disks_dir / sandbox["id"]).exists()
         assert client.get(sandbox["id"])["state"] == "stopped"
         with pytest.raises(errors.SandboxNotRunning):
             client.exec(sandbox["id"], "true")

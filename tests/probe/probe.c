@@ -495,6 +495,15 @@ int main(int argc, char **argv) {
         char byte = 'x';
         return report(ioctl(0, TIOCSTI, &byte));
     }
+    if (!strcmp(name, "btrfs_subvolume")) {
+        /* A subvolume made under a directory of the sandbox's disk would have a quota group of its own, with
+         * no limit: writes there would escape the sandbox's disk quota. Allowed => OK (on a btrfs directory);
+         * refused => EPERM. */
+        struct { int64_t fd; char name[4088]; } volume = {0, "probe-subvolume"};
+        int directory = open(argument, O_RDONLY | O_DIRECTORY);
+        if (directory < 0) return report(-1);
+        return report(ioctl(directory, _IOW(0x94, 14, volume), &volume));
+    }
     if (!strcmp(name, "af_alg")) return report(socket(38 /* AF_ALG */, SOCK_SEQPACKET, 0));
     if (!strcmp(name, "af_vsock")) return report(socket(40 /* AF_VSOCK */, SOCK_STREAM, 0));
     if (!strcmp(name, "raw_socket")) return report(socket(AF_INET, SOCK_RAW, IPPROTO_RAW));

@@ -40,6 +40,9 @@ class EngineProcess:
             "FORKYARD_ENGINE_NETWORK_POOL": f"198.19.{int(uuid.uuid4().hex[:2], 16)}.0/24",
             # The names its sandboxes' resolvers answer (a test writes the file).
             "FORKYARD_ENGINE_NETWORK_HOSTS": str(base_dir / "hosts"),
+            # Its sandboxes' disks: an image of its own, small (its space is allocated up front, and a
+            # test session starts dozens of engines).
+            "FORKYARD_ENGINE_DISK_POOL_GIB": "4",
             **(env or {}),  # FORKYARD_ENGINE_* settings of this engine's own
         }
         self.base_dir = base_dir

@@ -100,6 +100,7 @@ class HostSnapshot:
     spawner_sockets: int
     mount_dir_bytes: int
     layers_bytes: int
+    disks: int  # sandbox disks (btrfs subvolumes, disks.py) in the engine's disk pool
 
     def leaks_since(self, before: HostSnapshot, slack: dict[str, int] | None = None) -> dict[str, tuple[int, int]]:
         """Every count that grew (beyond its slack) since ``before``.
@@ -166,4 +167,12 @@ def _snapshot(engine: EngineProcess) -> HostSnapshot:
         spawner_fds=spawner_fds[1],
         mount_dir_bytes=_directory_size(config.mount_dir),
         layers_bytes=_directory_size(config.layers_dir),
+        disks=_entries(config.disks_dir),
     )
+
+
+def _entries(directory: Path) -> int:
+    try:
+        return len(os.listdir(directory))
+    except OSError:
+        return 0

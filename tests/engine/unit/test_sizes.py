@@ -55,7 +55,10 @@ def test_an_explicit_shape_gets_two_pids_per_mib_within_bounds():
     assert explicit_size(0.5, 96).pids == 192
     assert explicit_size(0.5, 16).pids == 64
     assert explicit_size(8, 1 << 20).pids == 16384
-    assert explicit_size(0.5, 96).disk_bytes == 96 * MEBIBYTE
+    # Its disk: twice its memory, within 1 and 64 GiB.
+    assert explicit_size(0.5, 96).disk_bytes == 1024 * MEBIBYTE
+    assert explicit_size(2, 2048).disk_bytes == 4096 * MEBIBYTE
+    assert explicit_size(8, 1 << 20).disk_bytes == 64 * 1024 * MEBIBYTE
 
 
 def test_a_size_alone_is_that_size(engine: Engine):
@@ -68,7 +71,7 @@ def test_a_size_alone_is_that_size(engine: Engine):
 def test_cpu_and_memory_alone_are_an_explicit_shape(engine: Engine):
     request = _parse(engine, cpu=0.5, memory_mib=96)
     assert (request.size, request.shape_is_named_size) == ("", False)
-    assert (request.cpu, request.memory_mib, request.pids, request.disk_bytes) == (0.5, 96, 192, 96 * MEBIBYTE)
+    assert (request.cpu, request.memory_mib, request.pids, request.disk_bytes) == (0.5, 96, 192, 1024 * MEBIBYTE)
 
 
 @pytest.mark.parametrize("cpu,memory_mib", [(1, 128), (1.0, 128), (1.0, 128.0)])
@@ -81,7 +84,18 @@ def test_a_size_with_its_own_shape_is_that_size(engine: Engine, cpu, memory_mib)
 def test_a_size_with_another_shape_keeps_its_name_and_takes_the_shape(engine: Engine):
     request = _parse(engine, size="tiny", cpu=0.5, memory_mib=96)
     assert (request.size, request.shape_is_named_size) == ("tiny", False)
-    assert (request.cpu, request.memory_mib, request.pids, request.disk_bytes) == (0.5, 96, 192, 96 * MEBIBYTE)
+    assert (request.cpu, request.memory_mib, request.pids, request.disk_bytes) == (0.5, 96, 192, 1024 * MEBIBYTE)
+
+
+def test_disk_mib_replaces_the_size_s_disk_and_leaves_its_warm_pool(engine: Engine):
+    assert _parse(engine, size="tiny").disk_bytes == 1024 * MEBIBYTE
+    request = _parse(engine, size="tiny", disk_mib=64)
+    assert (request.disk_bytes, request.shape_is_named_size) == (64 * MEBIBYTE, False)  # not the pool's shape
+    assert _parse(engine, size="tiny", disk_mib=1024).shape_is_named_size  # its own disk: the pool serves it
+    for bad in (15, engine.config.max_disk_mib + 1, "1G", True):
+        with pytest.raises(errors.InvalidRequest) as raised:
+            _parse(engine, size="tiny", disk_mib=bad)
+        assert raised.value.details["field"] == "disk_mib"
 
 
 def test_a_size_this_engine_does_not_know_keeps_its_name_with_the_shape(engine: Engine):
