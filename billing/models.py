@@ -29,6 +29,7 @@ class Price(models.Model):
         INPUT_TOKENS = "input_tokens"  # an inference model's prompt tokens, per million
         OUTPUT_TOKENS = "output_tokens"  # its completion tokens, per million
         ENDPOINT = "endpoint"  # an hour of a dedicated endpoint serving a model
+        DISK = "disk"  # a GiB-hour of a sandbox's disk beyond what its size includes, running or paused
 
     kind = models.CharField(max_length=16, choices=Kind.choices)
     size = models.CharField(max_length=32, blank=True)  # empty for saved state, tokens and endpoints
@@ -36,7 +37,7 @@ class Price(models.Model):
     model = models.CharField(max_length=200, blank=True)
     cpu = models.FloatField(null=True, blank=True)
     memory_mib = models.PositiveIntegerField(null=True, blank=True)
-    # Per hour for sandboxes and endpoints; per GiB-hour for saved state; per million tokens for tokens.
+    # Per hour for sandboxes and endpoints; per GiB-hour for saved state and extra disk; per million tokens for tokens.
     amount = models.DecimalField(max_digits=14, decimal_places=8)
     currency = models.CharField(max_length=3, default="USD")
 

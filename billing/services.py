@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from django.db import IntegrityError, transaction
 
 from console.db import update_each
-from sandboxes.engine.sizes import DEFAULT_SIZES
+from sandboxes.engine.sizes import DEFAULT_SIZES, included_disk_mib
 
 from .models import MeteredUsage, Price, UsagePeriod
 
@@ -42,6 +42,9 @@ DEFAULT_PRICES = [
     (Price.Kind.PAUSED, "tiny", TINY.cpu, TINY.memory_mib, Decimal("0.0003")),
     (Price.Kind.PAUSED, "default", DEFAULT.cpu, DEFAULT.memory_mib, Decimal("0.0012")),
     (Price.Kind.SAVED_STATE, "", None, None, Decimal("0.0002")),
+    # Disk a create asks for beyond its size's own (tiny 1 GiB, default 10 GiB), per GiB-hour while it runs or
+    # is paused: the price of saved state.
+    (Price.Kind.DISK, "", None, None, Decimal("0.0002")),
 ]
 # Lines for every model without one of its own (an operator adds a model's own line, ``model`` set):
 # tokens per million through an operator's upstream, and a dedicated endpoint per hour.  Tokens
@@ -78,12 +81,22 @@ def model_price(kind: str, model: str) -> Decimal:
     return Decimal(price) if price is not None else Decimal(0)
 
 
-def hourly_price(kind: str, size: str, cpu: float, memory_mib: int) -> Decimal:
+def hourly_price(kind: str, size: str, cpu: float, memory_mib: int, disk_mib: int = 0) -> Decimal:
+    """A sandbox's price per hour: its size's line (or an explicit shape's, per vCPU and GiB), and for a
+    running or paused one with a disk larger than its size's (``disk_mib``), the rate card's disk line for
+    each GiB more."""
     price = Price.objects.filter(kind=kind, size=size, model="").values_list("amount", flat=True).first()
     if price is not None:
-        return Decimal(price)
-    running = (Decimal(str(cpu)) * CPU_HOUR + Decimal(memory_mib) / Decimal(1024) * MEMORY_GIB_HOUR).quantize(AMOUNT_QUANTUM)
-    return running if kind == Price.Kind.RUNNING else (running / 20).quantize(AMOUNT_QUANTUM)
+        hourly = Decimal(price)
+    else:
+        running = (Decimal(str(cpu)) * CPU_HOUR + Decimal(memory_mib) / Decimal(1024) * MEMORY_GIB_HOUR).quantize(AMOUNT_QUANTUM)
+        hourly = running if kind == Price.Kind.RUNNING else (running / 20).quantize(AMOUNT_QUANTUM)
+    extra_mib = max(0, disk_mib - included_disk_mib(size, cpu, memory_mib)) if disk_mib else 0
+    if extra_mib and kind in (Price.Kind.RUNNING, Price.Kind.PAUSED):
+        disk = Price.objects.filter(kind=Price.Kind.DISK, size="", model="").values_list("amount", flat=True).first()
+        if disk is not None:
+            hourly = (hourly + Decimal(disk) * Decimal(extra_mib) / Decimal(1024)).quantize(AMOUNT_QUANTUM)
+    return hourly
 
 
 def gib_of(size_bytes: int) -> Decimal:
@@ -133,7 +146,7 @@ def usage_transition(*, sandbox: Sandbox, kind: str | None, at: datetime, reason
                 kind=kind,
                 size=sandbox.size or "custom",
                 labels=sandbox.labels,
-                unit_price=hourly_price(kind, sandbox.size, sandbox.cpu, sandbox.memory_mib),
+                unit_price=hourly_price(kind, sandbox.size, sandbox.cpu, sandbox.memory_mib, sandbox.disk_mib),
                 started_at=at,
                 reason=reason,
             )
@@ -167,10 +180,10 @@ def open_running_periods(sandboxes: Sequence[Sandbox], ready: dict[str, datetime
 def open_periods(sandboxes: Sequence[Sandbox], at: dict[str, datetime], *, kind: str, reason: str = "") -> int:
     """A period of ``kind`` for each of these sandboxes from its time in ``at``, in one insert; call inside
     the transaction that moved them, after their open periods closed (``close_periods``)."""
-    prices: dict[tuple[str, float, int], Decimal] = {}
+    prices: dict[tuple[str, float, int, int], Decimal] = {}
     periods = []
     for sandbox in sandboxes:
-        shape = (sandbox.size, sandbox.cpu, sandbox.memory_mib)
+        shape = (sandbox.size, sandbox.cpu, sandbox.memory_mib, sandbox.disk_mib)
         if shape not in prices:
             prices[shape] = hourly_price(kind, *shape)
         started = at[sandbox.id]

@@ -291,6 +291,7 @@ class Launch(models.Model):
     size = models.CharField(max_length=32)
     cpu = models.FloatField()
     memory_mib = models.PositiveIntegerField()
+    disk_mib = models.PositiveIntegerField(default=0)  # 0: its size's own
     ttl_s = models.PositiveIntegerField()
     idle_timeout_s = models.PositiveIntegerField(default=0)  # 0: none
     count = models.PositiveIntegerField()
@@ -329,6 +330,7 @@ class Launch(models.Model):
             size=self.size,
             cpu=self.cpu,
             memory_mib=self.memory_mib,
+            disk_mib=self.disk_mib,
             ttl_s=self.ttl_s,
             idle_timeout_s=self.idle_timeout_s,
             network_policy_id=self.network_policy_id,
@@ -382,6 +384,7 @@ class Sandbox(models.Model):
     size = models.CharField(max_length=32)
     cpu = models.FloatField()
     memory_mib = models.PositiveIntegerField()
+    disk_mib = models.PositiveIntegerField(default=0)  # its disk, when not its size's own (0)
     ttl_s = models.PositiveIntegerField()
     # Destroyed by its engine after this many seconds without an exec or a file call; 0: never.
     idle_timeout_s = models.PositiveIntegerField(default=0)

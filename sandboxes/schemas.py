@@ -50,6 +50,13 @@ class SandboxCreate(Input):
     size: str | None = Field(None, description="tiny, default, or another size on the rate card", max_length=32)
     cpu: float | None = Field(None, gt=0, le=64, description="explicit vCPUs (with memory_mib, instead of size)")
     memory_mib: int | None = Field(None, ge=16, le=1024 * 1024, description="explicit memory (with cpu)")
+    disk_mib: int | None = Field(
+        None,
+        ge=16,
+        le=256 * 1024,
+        description="its disk (what its writable layer may hold), instead of its size's: tiny 1 GiB, default 10 GiB, "
+        "an explicit shape twice its memory (1-64 GiB); disk beyond the size's is priced by the rate card's disk line",
+    )
     ttl_s: int = Field(3600, ge=1, le=7 * 24 * 3600, description="destroyed this many seconds after it is ready")
     idle_timeout_s: int = Field(
         0, ge=0, le=7 * 24 * 3600, description="destroyed after this many seconds without an exec or a file call; 0: never"
@@ -95,6 +102,7 @@ class SandboxOut(Schema):
     size: str | None
     cpu: float
     memory_mib: int
+    disk_mib: int = Field(..., description="what its disk (its writable layer) may hold")
     ttl_s: int
     idle_timeout_s: int = Field(..., description="destroyed after this many seconds without an exec or a file call; 0: never")
     network_policy: str | None
@@ -308,13 +316,15 @@ class SandboxMetrics(Schema):
     cpu_share: float = Field(
         ..., description="the part of its CPU allowance it used since it was ready: cpu_s / (age_s × cpu_limit)"
     )
-    memory_bytes: int = Field(..., description="memory charged to it now (its disk's files included)")
+    memory_bytes: int = Field(..., description="memory charged to it now (its files' page cache included)")
     memory_peak_bytes: int = Field(..., description="the most memory it has held (0 where the kernel keeps no peak)")
     memory_limit_bytes: int
     pids: int = Field(..., description="processes in it now, its init included")
     pids_max: int
     disk_used_bytes: int = Field(..., description="what its writable layer holds (what its disk limit bounds)")
-    disk_files: int
+    disk_files: int | None = Field(
+        ..., description="files in its writable layer, where its disk counts them (a tmpfs); null on a quota that counts bytes"
+    )
     disk_limit_bytes: int
     oom_kills: int = Field(..., description="processes the kernel's OOM killer ended in it")
     age_s: float = Field(..., description="seconds since it was ready")
@@ -335,7 +345,7 @@ class LaunchMetrics(Schema):
     memory_limit_bytes: int
     pids: int
     disk_used_bytes: int
-    disk_files: int
+    disk_files: int = Field(..., description="summed where counted (see a sandbox's metrics)")
     oom_kills: int
 
 

@@ -15,22 +15,34 @@ old shape.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from billing.models import Price
 from console.errors import InvalidRequest
-from sandboxes.engine.sizes import DEFAULT_SIZES
+from sandboxes.engine.sizes import DEFAULT_SIZES, included_disk_mib
 
 DEFAULT = "default"
 
 
 @dataclass(frozen=True)
 class Shape:
-    """What a create asks for: a size's name ("" for an explicit shape), vCPUs and memory."""
+    """What a create asks for: a size's name ("" for an explicit shape), vCPUs, memory and disk."""
 
     size: str
     cpu: float
     memory_mib: int
+    disk_mib: int = 0  # 0: the size's own (included_disk_mib)
+
+    @property
+    def included_disk_mib(self) -> int:
+        """The disk its size comes with (and its price includes): a shipped size's own, else what the engine
+        gives an explicit shape of its memory (twice it, 1 to 64 GiB)."""
+        return included_disk_mib(self.size, self.cpu, self.memory_mib)
+
+    @property
+    def extra_disk_mib(self) -> int:
+        """Disk asked for beyond what the size includes: what the rate card's disk line prices."""
+        return max(0, self.disk_mib - self.included_disk_mib) if self.disk_mib else 0
 
 
 def catalogue() -> dict[str, Shape]:
@@ -42,8 +54,14 @@ def catalogue() -> dict[str, Shape]:
     return sizes
 
 
-def shape_of(size: str | None, cpu: float | None, memory_mib: int | None) -> Shape:
-    """The shape a create asks for: a size on the catalogue, or explicit ``cpu`` and ``memory_mib``."""
+def shape_of(size: str | None, cpu: float | None, memory_mib: int | None, disk_mib: int | None = None) -> Shape:
+    """The shape a create asks for: a size on the catalogue, or explicit ``cpu`` and ``memory_mib``; with
+    ``disk_mib``, a disk other than the size's."""
+    shape = _named_or_explicit(size, cpu, memory_mib)
+    return replace(shape, disk_mib=disk_mib) if disk_mib else shape
+
+
+def _named_or_explicit(size: str | None, cpu: float | None, memory_mib: int | None) -> Shape:
     explicit = cpu is not None or memory_mib is not None
     if explicit and size:
         raise InvalidRequest("invalid_size", "give either size or cpu and memory_mib, not both", field="size")

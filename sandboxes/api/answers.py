@@ -13,7 +13,7 @@ from console.api_base import key_of
 from console.pagination import Page
 from console.selectors import limits_of
 
-from .. import selectors
+from .. import selectors, sizes
 from ..gateway_access import Access, data_path
 from ..models import Launch, Lease, NetworkPolicy, Sandbox, Snapshot, Template, TemplateBuild
 
@@ -40,6 +40,7 @@ def sandbox_out(sandbox: Sandbox, access: Access | None = None) -> dict[str, Any
         "size": sandbox.size or None,
         "cpu": sandbox.cpu,
         "memory_mib": sandbox.memory_mib,
+        "disk_mib": sandbox.disk_mib or sizes.Shape(sandbox.size, sandbox.cpu, sandbox.memory_mib).included_disk_mib,
         "ttl_s": sandbox.ttl_s,
         "network_policy": sandbox.network_policy_id,
         "labels": sandbox.labels,

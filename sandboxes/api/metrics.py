@@ -84,7 +84,7 @@ async def launch_metrics(request: HttpRequest, launch_id: str) -> dict[str, Any]
                     return
             counted["sandboxes"] += 1
             for name in SUMMED:
-                sums[name] += stats.get(name, 0)
+                sums[name] += stats.get(name) or 0  # disk_files: null on a disk that counts bytes only
 
         await asyncio.gather(*(one(engine_id) for engine_id in engine_ids))
 

@@ -55,6 +55,7 @@ class Admitted:
             "size": self.shape.size,
             "cpu": self.shape.cpu,
             "memory_mib": self.shape.memory_mib,
+            "disk_mib": self.shape.disk_mib,
             "ttl_s": self.ttl_s,
             "idle_timeout_s": self.idle_timeout_s,
             "network_policy": self.network_policy,
@@ -133,7 +134,7 @@ def admit(*, team: Team, spec: SandboxCreate, count: int = 1, key: ApiKey | None
                     details={"state": found.state},
                 )
             template = snapshot.template
-    shape = sizes.shape_of(spec.size, spec.cpu, spec.memory_mib)
+    shape = sizes.shape_of(spec.size, spec.cpu, spec.memory_mib, spec.disk_mib)
     _check_fits_a_host(shape)
     limits = limits_of(team)
     if spec.ttl_s > limits.max_ttl_s:
@@ -153,7 +154,7 @@ def admit(*, team: Team, spec: SandboxCreate, count: int = 1, key: ApiKey | None
             details={"limit": limits.max_sandboxes, "running": live},
         )
     _check_fleet_room(team=team, template=template, snapshot=snapshot, shape=shape, count=count)
-    hourly = hourly_price(Price.Kind.RUNNING, shape.size, shape.cpu, shape.memory_mib)
+    hourly = hourly_price(Price.Kind.RUNNING, shape.size, shape.cpu, shape.memory_mib, shape.disk_mib)
     admit_spend(team=team, key=key, labels=dict(spec.labels), hourly=hourly, ttl_s=spec.ttl_s, count=count)
     return Admitted(
         template=template,

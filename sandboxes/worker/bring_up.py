@@ -86,6 +86,8 @@ def create_args(sandbox: Sandbox) -> dict[str, Any]:
     }
     if sandbox.size:
         args["size"] = sandbox.size
+    if sandbox.disk_mib:
+        args["disk_mib"] = sandbox.disk_mib
     if sandbox.idle_timeout_s:
         args["idle_timeout_s"] = sandbox.idle_timeout_s
     if sandbox.memory_group:

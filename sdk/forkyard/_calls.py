@@ -34,6 +34,7 @@ class SandboxOptions(TypedDict, total=False):
 
     Give ``template`` or ``snapshot``.  ``size`` is ``tiny``, ``default`` or
     another size on the rate card; or give ``cpu`` and ``memory_mib``.
+    ``disk_mib``: its disk (what it may write) instead of its size's (tiny 1 GiB, default 10 GiB).
     ``ttl_s``: destroyed this many seconds after it is ready.
     ``idle_timeout_s``: destroyed after this many seconds without an exec or a file call (0: never).
     ``idempotency_key``: a retry with the same key creates nothing new (the SDK
@@ -48,6 +49,7 @@ class SandboxOptions(TypedDict, total=False):
     size: str
     cpu: float
     memory_mib: int
+    disk_mib: int
     ttl_s: int
     idle_timeout_s: int
     network_policy: str

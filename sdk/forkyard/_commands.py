@@ -59,6 +59,8 @@ def _create_options(args: argparse.Namespace) -> SandboxOptions:
         options.update({"cpu": args.cpu, "memory_mib": args.memory_mib})
     else:
         options["size"] = args.size
+    if args.disk_mib is not None:
+        options["disk_mib"] = args.disk_mib
     if args.network_policy:
         options["network_policy"] = args.network_policy
     if args.idempotency_key:
@@ -145,7 +147,7 @@ def metrics(fy: Client, args: argparse.Namespace) -> int:
             f"{found.memory_bytes / mib:.1f} MiB (peak {found.memory_peak_bytes / mib:.1f}) of {found.memory_limit_bytes / mib:.0f} MiB",
         ],
         ["pids", str(found.pids)],
-        ["disk", f"{found.disk_used_bytes / mib:.1f} MiB, {found.disk_files} files"],
+        ["disk", f"{found.disk_used_bytes / mib:.1f} MiB" + ("" if found.disk_files is None else f", {found.disk_files} files")],
         ["oom kills", str(found.oom_kills)],
     ]
     if found.launch:

@@ -134,6 +134,7 @@ def _add_create_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--size", default="tiny", help="tiny, default, or another size on the rate card (default: tiny)")
     parser.add_argument("--cpu", type=float, help="explicit vCPUs (with --memory-mib, instead of --size)")
     parser.add_argument("--memory-mib", type=int, help="explicit memory in MiB (with --cpu)")
+    parser.add_argument("--disk-mib", type=int, help="its disk in MiB, instead of its size's (tiny 1 GiB, default 10 GiB)")
     parser.add_argument("--ttl", type=int, default=3600, help="seconds it lives once ready (default: 3600)")
     parser.add_argument("--label", type=_pair, action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--env", type=_pair, action="append", default=[], metavar="NAME=VALUE")

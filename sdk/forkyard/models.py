@@ -125,7 +125,7 @@ class Metrics(ApiValue):
     pids: int = 0
     pids_max: int = 0
     disk_used_bytes: int = 0
-    disk_files: int = 0
+    disk_files: int | None = 0  # None: its disk counts bytes only (a quota), not files
     disk_limit_bytes: int = 0
     oom_kills: int = 0
     age_s: float = 0.0
@@ -676,6 +676,7 @@ class SandboxFields:
     size: str | None
     cpu: float
     memory_mib: int
+    disk_mib: int
     ttl_s: int
     idle_timeout_s: int
     network_policy: str | None
@@ -701,6 +702,7 @@ class SandboxFields:
         self.size = data.get("size")
         self.cpu = float(data.get("cpu", 0))
         self.memory_mib = int(data.get("memory_mib", 0))
+        self.disk_mib = int(data.get("disk_mib") or 0)
         self.ttl_s = int(data.get("ttl_s", 0))
         self.idle_timeout_s = int(data.get("idle_timeout_s") or 0)
         self.network_policy = data.get("network_policy")
