@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import subprocess
-import time
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 from tests.engine.networks import net_engine  # noqa: F401 - a fixture
 from tests.support.debian import DEBIAN, require_root_filesystem
 from tests.support.engine import EngineProcess
-from tests.support.netns import Server, allow, server  # noqa: F401 - a fixture
+from tests.support.netns import Server, allow, serve_directory, server  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 INDEX_PORT = 8090
@@ -57,23 +55,8 @@ def index(tmp_path: Path, server: Server) -> Iterator[str]:  # noqa: F811 - the 
     (root / "simple" / "fytiny" / "index.html").write_text(
         f'<html><body><a href="../../{wheel.name}#sha256={digest}">{wheel.name}</a></body></html>\n'
     )
-    serving = subprocess.Popen(
-        ["ip", "netns", "exec", server.namespace, "python3", "-m", "http.server", str(INDEX_PORT), "--bind", server.address],
-        cwd=root,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 20
-        probe = ["ip", "netns", "exec", server.namespace, "python3", "-c"]
-        ask = f"import urllib.request; urllib.request.urlopen('http://{server.address}:{INDEX_PORT}/simple/fytiny/')"
-        while subprocess.run([*probe, ask], capture_output=True).returncode != 0:
-            assert time.monotonic() < deadline, "the index did not start"
-            time.sleep(0.2)
-        yield f"http://{server.address}:{INDEX_PORT}/simple/"
-    finally:
-        serving.kill()
-        serving.wait()
+    with serve_directory(server.namespace, server.address, INDEX_PORT, root) as url:
+        yield f"{url}simple/"
 
 
 def test_pip_installs_from_an_index_the_policy_allows_and_not_without_it(

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -157,37 +158,68 @@ def server(tmp_path: Path) -> Iterator[Server]:
 @contextlib.contextmanager
 def serving(tmp_path: Path) -> Iterator[Server]:
     """The server's namespace, made and removed (the ``server`` fixture; benchmarks use it directly)."""
+    with namespace() as (name, outside, address, other):
+        log_dir = tmp_path / "server"
+        log_dir.mkdir()
+        process = subprocess.Popen(
+            ["ip", "netns", "exec", name, sys.executable, "-c", SERVER, str(log_dir)], stdout=subprocess.PIPE
+        )
+        try:
+            assert process.stdout is not None and process.stdout.readline() == b"ready\n"
+            yield Server(address, other, log_dir, name, outside)
+        finally:
+            process.kill()
+            process.wait()
+
+
+@contextlib.contextmanager
+def namespace() -> Iterator[tuple[str, str, str, str]]:
+    """A network namespace of the test's own behind a veth, made and removed: its name, the host's end of
+    the veth, and its two addresses (198.18.x.2 and .3), each checked to be routed through that veth."""
     tag = os.urandom(3).hex()
     third = int(tag[:2], 16) % 200 + 20
-    namespace, outside = f"fyt-{tag}", f"fyt{tag}a"
+    name, outside = f"fyt-{tag}", f"fyt{tag}a"
     address, other, host_address = f"198.18.{third}.2", f"198.18.{third}.3", f"198.18.{third}.1"
-    ip("netns", "add", namespace)
-    process = None
+    ip("netns", "add", name)
     try:
-        ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", namespace)
+        ip("link", "add", outside, "type", "veth", "peer", "name", "eth0", "netns", name)
         ip("addr", "add", f"{host_address}/24", "dev", outside)
         ip("link", "set", outside, "up")
-        ip("-n", namespace, "addr", "add", f"{address}/24", "dev", "eth0")
-        ip("-n", namespace, "addr", "add", f"{other}/24", "dev", "eth0")
-        ip("-n", namespace, "link", "set", "eth0", "up")
-        ip("-n", namespace, "link", "set", "lo", "up")
+        ip("-n", name, "addr", "add", f"{address}/24", "dev", "eth0")
+        ip("-n", name, "addr", "add", f"{other}/24", "dev", "eth0")
+        ip("-n", name, "link", "set", "eth0", "up")
+        ip("-n", name, "link", "set", "lo", "up")
         # The network rule: the route to the server must be our own veth before anything is sent.
         for target in (address, other):
             route = json.loads(ip("-j", "route", "get", target))
             assert route[0]["dev"] == outside, route
-        log_dir = tmp_path / "server"
-        log_dir.mkdir()
-        process = subprocess.Popen(
-            ["ip", "netns", "exec", namespace, sys.executable, "-c", SERVER, str(log_dir)], stdout=subprocess.PIPE
-        )
-        assert process.stdout is not None and process.stdout.readline() == b"ready\n"
-        yield Server(address, other, log_dir, namespace, outside)
+        yield name, outside, address, other
     finally:
-        if process is not None:
-            process.kill()
-            process.wait()
         subprocess.run(["ip", "link", "del", outside], capture_output=True)
-        ip("netns", "del", namespace)
+        ip("netns", "del", name)
+
+
+@contextlib.contextmanager
+def serve_directory(name: str, address: str, port: int, directory: Path) -> Iterator[str]:
+    """``directory`` over HTTP at ``address:port`` in the namespace ``name`` (Python's http.server),
+    answering once this returns; its URL."""
+    serving = subprocess.Popen(
+        ["ip", "netns", "exec", name, sys.executable, "-m", "http.server", str(port), "--bind", address],
+        cwd=directory,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 20
+        probe = ["ip", "netns", "exec", name, sys.executable, "-c"]
+        ask = f"import urllib.request; urllib.request.urlopen('http://{address}:{port}/')"
+        while subprocess.run([*probe, ask], capture_output=True).returncode != 0:
+            assert serving.poll() is None and time.monotonic() < deadline, "the HTTP server did not start"
+            time.sleep(0.2)
+        yield f"http://{address}:{port}/"
+    finally:
+        serving.kill()
+        serving.wait()
 
 
 def allow(server: Server, *ports: int, protocol: str = "tcp") -> dict[str, Any]:
