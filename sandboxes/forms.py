@@ -186,7 +186,7 @@ class ServiceForm(forms.Form):
                 where if where in ("name", "command", "timeout_s") else "check", first["msg"].removeprefix("Value error, ")
             )
             return data
-        data["service"] = service.model_dump(exclude_none=True)
+        data["service"] = service.as_engine()
         return data
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import re
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from ninja import Schema
 from pydantic import Field, field_validator, model_validator
@@ -400,6 +400,19 @@ class ServiceIn(Input):
     command: str = Field(..., min_length=1, max_length=MAX_COMMAND, description="runs under /bin/sh -c, detached")
     ready: ReadyCheck
     timeout_s: float = Field(30, gt=0, le=300, description="a fork fails (service_not_ready) if not ready by then")
+    wait: bool = Field(
+        True,
+        description="false: a fork is handed over without waiting for this one to answer (started with the others; "
+        "wait for its port yourself, POST /sandboxes/{id}/ports/{port}/wait)",
+    )
+
+    def as_engine(self) -> dict[str, Any]:
+        """As the engine records it: ``wait`` only when off, so a spec that never named it keeps the
+        content address (a build's cache key) it had before the field existed."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        if data.get("wait") is True:
+            del data["wait"]
+        return data
 
     @field_validator("command")
     @classmethod

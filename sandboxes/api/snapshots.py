@@ -46,7 +46,7 @@ async def snapshot_sandbox(request: HttpRequest, sandbox_id: str, payload: Snaps
         sandbox=sandbox,
         name=payload.name,
         labels=payload.labels,
-        services=[service.model_dump(exclude_none=True) for service in payload.services],
+        services=[service.as_engine() for service in payload.services],
         idempotency_key=payload.idempotency_key,
     )
     return (202 if created else 200), await db(snapshot_out)(snapshot)

@@ -1154,8 +1154,8 @@ class Engine:
         self.store.put_sandbox(record)
 
     async def _start_services(self, record: SandboxRecord, wanted: builtins.list[dict[str, Any]]) -> None:
-        """Start a snapshot's services and wait until each answers; on failure
-        the sandbox goes (the caller records the failed create)."""
+        """Start a snapshot's services and wait until each answers (but those with ``wait`` off); on
+        failure the sandbox goes (the caller records the failed create)."""
         proc = str(self.config.proc_dir)
 
         async def run(command: str) -> int:
@@ -1177,6 +1177,7 @@ class Engine:
                 *(
                     fork_services.wait_ready(service, lambda: fork_services.netns_socket(self.kernel, proc, record.pid), run)
                     for service in wanted
+                    if fork_services.waited(service)
                 )
             )
         except BaseException:

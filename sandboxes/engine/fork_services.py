@@ -4,7 +4,9 @@ This kernel cannot checkpoint process memory (CRIU fails on it), so a
 snapshot holds files, not processes.  What the environment needs running (a
 database, a web server the task talks to) is recorded with the snapshot as a
 service: a start command and a readiness check.  Every sandbox made from the
-snapshot starts its services and is handed over only once each one answers.
+snapshot starts its services and is handed over only once each one answers
+(each but those marked ``"wait": false``: started with the others, their
+readiness the caller's to wait for, as a desktop's browser is).
 A memory image could later replace the restart; the record keeps room for it
 (``kind`` stays "restart" until then).
 
@@ -53,7 +55,7 @@ def validate(raw: Any) -> list[dict[str, Any]]:
         where = f"services.{index}"
         if not isinstance(item, dict):
             raise InvalidRequest("a service is an object with name, command and ready", field=where)
-        unknown = set(item) - {"name", "command", "ready", "timeout_s", "kind"}
+        unknown = set(item) - {"name", "command", "ready", "timeout_s", "kind", "wait"}
         if unknown:
             raise InvalidRequest(f"unknown service fields: {', '.join(sorted(unknown))}", field=where)
         name = item.get("name")
@@ -67,10 +69,19 @@ def validate(raw: Any) -> list[dict[str, Any]]:
         timeout = item.get("timeout_s", DEFAULT_TIMEOUT_S)
         if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= MAX_TIMEOUT_S:
             raise InvalidRequest(f"timeout_s is a number of seconds up to {MAX_TIMEOUT_S:g}", field=f"{where}.timeout_s")
-        services.append(
-            {"name": name, "command": command, "ready": _ready(item.get("ready"), f"{where}.ready"), "timeout_s": float(timeout)}
-        )
+        wait = item.get("wait", True)
+        if not isinstance(wait, bool):
+            raise InvalidRequest("wait is true or false", field=f"{where}.wait")
+        service = {"name": name, "command": command, "ready": _ready(item.get("ready"), f"{where}.ready"), "timeout_s": float(timeout)}
+        if not wait:
+            service["wait"] = False  # kept only when off: a record without it is waited for, as before it existed
+        services.append(service)
     return services
+
+
+def waited(service: dict[str, Any]) -> bool:
+    """Is a fork handed over only once this service answers?"""
+    return bool(service.get("wait", True))
 
 
 def _port(value: Any, field: str) -> int:

@@ -230,7 +230,7 @@ def build(build_id: str) -> str:
     try:
         base = selectors.build_base(row.team, spec.base)  # gone since it was asked for: the build fails with its code
         key, source = base.key, base.source
-        services = [service.model_dump(mode="json", exclude_none=True) for service in spec.services]
+        services = [service.as_engine() for service in spec.services]
         last: Snapshot | None = None
         for index, planned in enumerate(row.steps):
             step = spec.steps[index] if planned["kind"] != "finish" else None

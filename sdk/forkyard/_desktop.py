@@ -21,6 +21,7 @@ R = TypeVar("R")
 Button = Literal["left", "middle", "right", "back", "forward"]
 Point = tuple[int, int]
 BROWSER_PORT = 9222  # the desktop environment's Chromium, DevTools protocol (environments/desktop.json)
+BROWSER_WAIT_S = 60.0  # its service's own timeout_s: a fork does not wait for it
 
 
 def _at(x: int | None, y: int | None) -> dict[str, int]:

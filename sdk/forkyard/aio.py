@@ -35,7 +35,7 @@ from . import _calls as calls
 from . import _grading, _trees
 from . import client as sync
 from ._calls import MAX_WAIT_S, Body, ExecOptions, PortAuth, ProcessOptions, SandboxOptions, Services
-from ._desktop import BROWSER_PORT, DesktopActions, async_forwarded, screenshot_body
+from ._desktop import BROWSER_PORT, BROWSER_WAIT_S, DesktopActions, async_forwarded, screenshot_body
 from ._http import AsyncSender, Call, RetryPolicy, Settings
 from ._lifetime import AsyncLeaseKeeper, ExitGuard, LeaseOptions, Unwinding, lease_options
 from ._pages import Page, every_async
@@ -470,7 +470,13 @@ class AsyncDesktop(DesktopActions[Awaitable[DesktopState]]):
 
     def browser(self) -> contextlib.AbstractAsyncContextManager[str]:
         """``async with sandbox.desktop.browser() as url:`` (see the sync client)."""
-        return async_forwarded(self._sender.settings, self._sandbox_id, BROWSER_PORT)
+        return self._browser()
+
+    @contextlib.asynccontextmanager
+    async def _browser(self) -> AsyncIterator[str]:
+        await AsyncPorts(self._sender, self._sandbox_id).wait_for_port(BROWSER_PORT, timeout_s=BROWSER_WAIT_S)
+        async with async_forwarded(self._sender.settings, self._sandbox_id, BROWSER_PORT) as url:
+            yield url
 
 
 class AsyncPorts:

@@ -15,7 +15,7 @@ import httpx
 from . import _calls as calls
 from . import _grading, _trees
 from ._calls import MAX_WAIT_S, Body, ExecOptions, PortAuth, ProcessOptions, SandboxOptions, Services
-from ._desktop import BROWSER_PORT, DesktopActions, forwarded, screenshot_body
+from ._desktop import BROWSER_PORT, BROWSER_WAIT_S, DesktopActions, forwarded, screenshot_body
 from ._http import Call, RetryPolicy, Sender, Settings
 from ._lifetime import ExitGuard, LeaseKeeper, LeaseOptions, Unwinding, lease_options
 from ._pages import Page, every
@@ -597,8 +597,15 @@ class Desktop(DesktopActions[DesktopState]):
     def browser(self) -> contextlib.AbstractContextManager[str]:
         """``with sandbox.desktop.browser() as url:`` the sandbox's Chromium (DevTools protocol) at a local
         ``http://127.0.0.1:<port>`` while the block runs, for ``playwright.chromium.connect_over_cdp(url)``
-        (needs ``forkyard[forward]``)."""
-        return forwarded(self._sender.settings, self._sandbox_id, BROWSER_PORT)
+        (needs ``forkyard[forward]``).  A fork is handed over before its browser answers (the desktop
+        environment does not hold a sandbox back for it): this waits for it first, up to a minute."""
+        return self._browser()
+
+    @contextlib.contextmanager
+    def _browser(self) -> Iterator[str]:
+        Ports(self._sender, self._sandbox_id).wait_for_port(BROWSER_PORT, timeout_s=BROWSER_WAIT_S)
+        with forwarded(self._sender.settings, self._sandbox_id, BROWSER_PORT) as url:
+            yield url
 
 
 class Processes:

@@ -523,6 +523,8 @@ class Service(ApiValue):
     ``Service.http`` or ``Service.exec``; ``ready`` is the API's object
     (``{"tcp": port}``, ``{"http": {"port": p, "path": "/"}}`` or ``{"exec": "cmd"}``).
     Its output goes to ``/var/log/forkyard/<name>.log`` inside the sandbox.
+    ``wait=False``: a fork is handed over without waiting for this one (it is started all the same;
+    wait for its port with ``sandbox.ports.wait_for_port``).
     """
 
     CONVERT = {"ready": lambda ready: {kind: value for kind, value in (ready or {}).items() if value is not None}}
@@ -531,25 +533,29 @@ class Service(ApiValue):
     command: str
     ready: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 30.0
+    wait: bool = True
 
     @classmethod
-    def tcp(cls, name: str, command: str, port: int, *, timeout_s: float = 30.0) -> Service:
+    def tcp(cls, name: str, command: str, port: int, *, timeout_s: float = 30.0, wait: bool = True) -> Service:
         """Ready once ``port`` accepts a connection on the sandbox's loopback."""
-        return cls(name, command, {"tcp": port}, timeout_s)
+        return cls(name, command, {"tcp": port}, timeout_s, wait)
 
     @classmethod
-    def http(cls, name: str, command: str, port: int, path: str = "/", *, timeout_s: float = 30.0) -> Service:
+    def http(
+        cls, name: str, command: str, port: int, path: str = "/", *, timeout_s: float = 30.0, wait: bool = True
+    ) -> Service:
         """Ready once ``GET http://127.0.0.1:<port><path>`` answers below 500."""
-        return cls(name, command, {"http": {"port": port, "path": path}}, timeout_s)
+        return cls(name, command, {"http": {"port": port, "path": path}}, timeout_s, wait)
 
     @classmethod
-    def exec(cls, name: str, command: str, check: str, *, timeout_s: float = 30.0) -> Service:
+    def exec(cls, name: str, command: str, check: str, *, timeout_s: float = 30.0, wait: bool = True) -> Service:
         """Ready once the shell command ``check`` exits 0."""
-        return cls(name, command, {"exec": check}, timeout_s)
+        return cls(name, command, {"exec": check}, timeout_s, wait)
 
     def to_api(self) -> dict[str, Any]:
         ready = {kind: value for kind, value in self.ready.items() if value is not None}
-        return {"name": self.name, "command": self.command, "ready": ready, "timeout_s": self.timeout_s}
+        body = {"name": self.name, "command": self.command, "ready": ready, "timeout_s": self.timeout_s}
+        return body if self.wait else {**body, "wait": False}
 
 
 @dataclass(frozen=True)

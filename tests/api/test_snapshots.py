@@ -217,6 +217,23 @@ def test_a_fork_whose_service_never_answers_fails_with_service_not_ready(api):
     assert api.delete(f"/api/v1/snapshots/{snapshot['id']}").status_code == 200
 
 
+def test_a_service_not_waited_for_does_not_hold_a_fork_back(api):
+    source = new_sandbox(api)
+    try:
+        never = {"name": "never", "command": "sleep 600", "ready": {"tcp": 9999}, "timeout_s": 1, "wait": False}
+        snapshot = take(api, source["id"], name="unwaited-service", services=[never])
+    finally:
+        api.delete(f"/api/v1/sandboxes/{source['id']}")
+    assert snapshot["services"][0]["wait"] is False
+    response = api.post("/api/v1/sandboxes", json={"snapshot": snapshot["id"], "size": "tiny", "wait": True})
+    assert response.status_code == 201 and response.json()["state"] == "running", response.text
+    fork = response.json()["id"]
+    waited = api.post(f"/api/v1/sandboxes/{fork}/ports/9999/wait", json={"timeout_s": 0})
+    assert waited.status_code == 200 and waited.json()["listening"] is False, waited.text
+    api.delete(f"/api/v1/sandboxes/{fork}")
+    assert api.delete(f"/api/v1/snapshots/{snapshot['id']}").status_code == 200
+
+
 def test_a_retry_with_the_same_key_takes_one_snapshot(api, web_snapshot):
     source, _ = web_snapshot
     body = {"name": "once", "idempotency_key": f"snap-key-{time.monotonic_ns()}"}
@@ -259,6 +276,7 @@ SERVICE_CASES = [
     ({"services": [WEB, WEB]}, "services"),
     ({"services": [{**WEB, "name": f"s{index}"} for index in range(9)]}, "services"),
     ({"services": "httpd"}, "services"),
+    ({"services": [{**WEB, "wait": "later"}]}, "services.0.wait"),
 ]
 
 

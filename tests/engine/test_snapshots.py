@@ -133,6 +133,25 @@ def test_a_service_that_never_answers_fails_the_create(engine: EngineClient, mad
     assert {item["id"] for item in engine.list()} == before, "the failed fork is gone"
 
 
+def test_a_service_marked_not_to_wait_for_is_started_but_does_not_hold_the_fork_back(
+    engine: EngineClient, made: list[str]
+) -> None:
+    source = _create(engine, made)
+    _run(engine, source, "mkdir -p /srv && echo served > /srv/index.html")
+    # It listens only after a minute: a fork that waited for it would fail (its timeout is 1 s).
+    late = {"name": "late", "command": "sleep 60; exec httpd -f -p 8081 -h /srv", "ready": {"tcp": 8081}, "timeout_s": 1, "wait": False}
+    snapshot = engine.call("snapshots.create", sandbox=source, name=_name(), services=[HTTPD, late])
+    made.append(snapshot["name"])
+    assert [service.get("wait", True) for service in snapshot["services"]] == [True, False]
+    assert "wait" not in snapshot["services"][0], "kept only when off"
+    fork = _create(engine, made, snapshot["name"])
+    assert engine.get(fork)["state"] == "running"
+    assert _run(engine, fork, "wget -qO- http://127.0.0.1:8080/") == "served\n"
+    # Started, not waited for: its command runs, its port not yet open.
+    assert _run(engine, fork, "ps -o args | grep -c '^sleep 60' || true").strip() == "1"
+    assert engine.call("ports.wait", id=fork, port=8081, timeout_s=0)["listening"] is False
+
+
 @pytest.mark.parametrize(
     "services,field",
     [
@@ -143,6 +162,7 @@ def test_a_service_that_never_answers_fails_the_create(engine: EngineClient, mad
         ([{"name": "w", "command": "x", "ready": {"smtp": 25}}], "services.0.ready"),
         ([{"name": "w", "command": "x", "ready": {"http": {"port": 80, "path": "no-slash"}}}], "services.0.ready.http.path"),
         ([{"name": "w", "command": "x", "ready": {"tcp": 1}, "timeout_s": 0}], "services.0.timeout_s"),
+        ([{"name": "w", "command": "x", "ready": {"tcp": 1}, "wait": "no"}], "services.0.wait"),
     ],
 )
 def test_bad_services_are_refused(engine: EngineClient, sandbox: str, services: object, field: str) -> None:
