@@ -779,7 +779,12 @@ class TemplateBuildIn(Input):
 
     name: str = Field(..., pattern=TEMPLATE_NAME, description="the template's name in the team (a rebuild replaces it)")
     description: str = Field("", max_length=255)
-    base: str = Field(..., min_length=1, max_length=64, description="a template's name (public or the team's), or snapshot:<id>")
+    base: str = Field(
+        ...,
+        min_length=1,
+        max_length=64,
+        description="a template's name (public or the team's), snapshot:<id>, or debian:bookworm (the public debian template)",
+    )
     steps: list[BuildStep] = Field(default_factory=list, max_length=MAX_BUILD_STEPS)
     services: list[ServiceIn] = Field(
         default_factory=list, max_length=MAX_SERVICES, description="started, and checked ready, in every sandbox of it"

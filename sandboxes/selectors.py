@@ -18,7 +18,7 @@ from django.db.models.fields.json import KeyTextTransform
 from django.db.models.functions import Cast, Coalesce, TruncSecond
 from django.utils import timezone
 
-from console.errors import Conflict, InvalidRequest, invalid, not_found
+from console.errors import Conflict, InvalidRequest, NotFound, invalid, not_found
 from console.models import Team
 from console.pagination import Page, keyset_page
 from console.selectors import limits_of
@@ -143,14 +143,31 @@ class BuildBase:
     source: dict[str, str]  # {"template": name} or {"snapshot": id}
 
 
+# A build's base named as an image reference: the operator's public template of that distribution
+# (``forkyard-engine template build-debian`` makes ``debian``, Debian 12 "bookworm"). Same layers, same
+# build key: a spec naming ``debian:bookworm`` and one naming ``debian`` share their cached steps.
+BASE_IMAGES = {"debian:bookworm": "debian", "debian:12": "debian"}
+
+
 def build_base(team: Team, base: str) -> BuildBase:
     """A build's ``base``: ``snapshot:<id>`` (ready, the team's), a public template (keyed by its layers),
-    or one of the team's own (its last good build's snapshot); 404 or ``template_not_ready`` otherwise."""
+    an image reference of ``BASE_IMAGES`` (the public template it names), or one of the team's own (its
+    last good build's snapshot); 404 or ``template_not_ready`` otherwise."""
     if base.startswith("snapshot:"):
         snapshot_id = base.removeprefix("snapshot:")
         if not Snapshot.objects.filter(team=team, pk=snapshot_id, state=Snapshot.State.READY).exists():
             raise not_found("snapshot", snapshot_id, field="base")
         return BuildBase(f"snapshot:{snapshot_id}", {"snapshot": snapshot_id})
+    if base in BASE_IMAGES:
+        public = Template.objects.filter(team__isnull=True, name=BASE_IMAGES[base]).first()
+        if public is None:
+            raise NotFound(
+                "template_not_found",
+                f"no public template {BASE_IMAGES[base]!r} for {base!r} on this installation: an operator makes it"
+                f" with 'forkyard-engine template build-debian --name {BASE_IMAGES[base]}'",
+                field="base",
+            )
+        base = public.name
     template = template_for(team, base, field="base")
     if template.team_id is None:
         layers = ",".join(template.layers) or template.created_at.isoformat()

@@ -4,7 +4,7 @@ forkyard-engine serve                       run the daemon (as root)
 forkyard-engine info                        what the running engine reports
 forkyard-engine preflight [--raise]         the host's limits for max_sandboxes (offline)
 forkyard-engine template build-base         the busybox 'base' template
-forkyard-engine template build-debian       a Debian 'python' template (debootstrap)
+forkyard-engine template build-debian       a Debian template, "debian" (debootstrap; builds name it debian:bookworm)
 forkyard-engine template import NAME SRC    from a directory, tarball or OCI image
 forkyard-engine template list
 forkyard-engine run [--template T] -- CMD   create, exec, destroy (a smoke test)
@@ -176,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     base = template_commands.add_parser("build-base")
     base.add_argument("--name", default="base")
     debian = template_commands.add_parser("build-debian")
-    debian.add_argument("--name", default="python")
+    debian.add_argument("--name", default="debian")
     debian.add_argument("--suite", default="bookworm")
     debian.add_argument("--include", default="python3")
     imported = template_commands.add_parser("import")

@@ -1,6 +1,6 @@
 """Template specs, built step by step, and the wait for a build (``fy.templates.build``).
 
-    spec = TemplateSpec("debian").apt("git").pip("pytest").run("git --version").user("agent")
+    spec = TemplateSpec("debian:bookworm").apt("git").pip("pytest").run("git --version").user("agent")
     template = fy.templates.build("my-env", spec, on_log=print)
     sb = fy.sandboxes.create(template="my-env")
 

@@ -48,7 +48,7 @@ def archive(stack: Stack) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def debian(stack: Stack) -> str:
-    """The specs' base, ``debian``: the bootstrap's Debian, imported as a public template."""
+    """The specs' base, ``debian:bookworm``: the public template ``debian``, the bootstrap's Debian."""
     require_root_filesystem(DEBIAN, "usr/bin/apt-get")
     with stack.engine.client(timeout_s=300) as client:  # type: ignore[union-attr]
         client.import_template("debian", str(DEBIAN), "directory", replace=True)
@@ -62,7 +62,7 @@ def debian(stack: Stack) -> str:
 
 def _shipped(name: str) -> dict[str, Any]:
     spec: dict[str, Any] = json.loads((ENVIRONMENTS / f"{name}.json").read_text())
-    assert spec["base"] == "debian" and spec["steps"][0]["apt"], "a shipped spec starts with its Debian packages"
+    assert spec["base"] == "debian:bookworm" and spec["steps"][0]["apt"], "a shipped spec starts with its Debian packages"
     return {**spec, "name": f"{name}-{uuid.uuid4().hex[:6]}"}
 
 
