@@ -10,7 +10,7 @@ of memory and 2 GiB of disk before its 401.  Here, for the API:
 2. a declared ``Content-Length`` over the endpoint's limit is answered 413
    at once; a body without one is counted as it arrives and refused at the
    limit;
-3. uploads (a file, a tar) are not read here at all: the view streams them
+3. uploads (a file, a tar, an image) are not read here at all: the view streams them
    from the connection to the sandbox's engine, chunk by chunk
    (``StreamedBody``), so no whole upload is ever held by the web server.
 
@@ -48,6 +48,8 @@ def rule_for(method: str, path: str) -> BodyRule:
     """The body rule of an API endpoint, by method and path."""
     if method == "PUT" and UPLOADS.match(path):
         return BodyRule(settings.FORKYARD_MAX_UPLOAD_BYTES, streamed=True)
+    if method == "POST" and IMAGES.match(path):
+        return BodyRule(settings.FORKYARD_MAX_IMAGE_BYTES, streamed=True)
     if method == "POST" and EXECS.match(path):
         return BodyRule(16 * MIB)  # a command's standard input travels in its body
     if method == "POST" and MODEL_INPUTS.match(path):
@@ -58,6 +60,7 @@ def rule_for(method: str, path: str) -> BodyRule:
 
 
 UPLOADS = re.compile(r"^/api/v1/sandboxes/[^/]+/(files|archive)/?$")
+IMAGES = re.compile(r"^/api/v1/snapshots/import/?$")  # an image archive, streamed to a host's engine
 EXECS = re.compile(r"^/api/v1/(sandboxes/[^/]+/exec(/stream)?|exec)/?$")  # one sandbox's, or a batch's
 INPUTS = re.compile(r"^/api/v1/sandboxes/[^/]+/processes/[^/]+/input/?$")
 MODEL_INPUTS = re.compile(r"^/api/v1/(inference/chat/completions|grades)/?$")

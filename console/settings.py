@@ -216,6 +216,9 @@ FORKYARD_HOST_MEMORY_RESERVE_MIB = env.int("FORKYARD_HOST_MEMORY_RESERVE_MIB", d
 FORKYARD_CREATE_WAIT_S = env.float("FORKYARD_CREATE_WAIT_S", default=30.0)
 # The largest file or tar the API takes in one upload (streamed to the engine, never held whole).
 FORKYARD_MAX_UPLOAD_BYTES = env.int("FORKYARD_MAX_UPLOAD_BYTES", default=1024 * 1024 * 1024)
+# The largest image archive POST /snapshots/import takes (streamed to a host, whose engine has its own
+# limit too: FORKYARD_ENGINE_MAX_IMAGE_MIB).
+FORKYARD_MAX_IMAGE_BYTES = env.int("FORKYARD_MAX_IMAGE_BYTES", default=16 * 1024 * 1024 * 1024)
 # A well-formed command or small file is answered without Django's request machinery
 # (sandboxes/api/hot_path.py); off, every request goes through its view.
 FORKYARD_HOT_PATH = env.bool("FORKYARD_HOT_PATH", default=True)

@@ -100,7 +100,7 @@ async def _download(request: HttpRequest, sandbox_id: str, op: str, path: str, c
     return StreamingHttpResponse(chunks(), content_type=content_type)
 
 
-async def _body_chunks(request: HttpRequest) -> AsyncIterator[bytes]:
+async def body_chunks(request: HttpRequest) -> AsyncIterator[bytes]:
     """The request's body as it arrives from the client (``console.bodies.StreamedBody``), never held whole;
     or, from a server that read it already (Django's test client, a single Daphne), in chunks of what it holds."""
     streamed = getattr(request, "body_stream", None)
@@ -116,7 +116,7 @@ async def _upload(request: HttpRequest, sandbox_id: str, op: str, **args: Any) -
     """Stream the request body to an engine operation that takes one."""
     sandbox, address = await _started(request, sandbox_id)
     try:
-        async for kind, result in stream_call(address, op, {"id": sandbox.engine_id, **args}, body=_body_chunks(request)):
+        async for kind, result in stream_call(address, op, {"id": sandbox.engine_id, **args}, body=body_chunks(request)):
             if kind == "result":
                 return result
     except EngineError as error:

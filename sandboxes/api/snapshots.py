@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
+import time
+from collections.abc import AsyncIterator
+from typing import Any, Literal
 
 from django.http import HttpRequest
 from ninja import Router
@@ -10,13 +12,17 @@ from ninja.params.functions import Query
 
 from console.api_base import ERRORS, key_of
 from console.db import db
+from console.errors import Failed
 from console.pagination import cursor_after
+from sandboxes.engine.errors import EngineError
 
-from .. import selectors
+from .. import engine_link, selectors
+from ..engine_link import stream_call
 from ..models import Snapshot
 from ..schemas import SnapshotCreate, SnapshotList, SnapshotOut
 from ..services import snapshots as services
 from .answers import page_out, snapshot_out
+from .data import body_chunks
 
 router = Router(tags=["snapshots"])
 
@@ -50,6 +56,51 @@ async def snapshot_sandbox(request: HttpRequest, sandbox_id: str, payload: Snaps
         idempotency_key=payload.idempotency_key,
     )
     return (202 if created else 200), await db(snapshot_out)(snapshot)
+
+
+@router.post("/snapshots/import", response={201: SnapshotOut, **ERRORS}, summary="Import an image as a snapshot")
+async def import_image(
+    request: HttpRequest,
+    name: str = Query(..., min_length=1, max_length=100, description="for people; forks and builds name its id"),
+    kind: Literal["auto", "oci", "tar"] = Query("auto", description="oci: an OCI or docker/podman save archive; tar: a root filesystem"),
+    user: str | None = Query(None, max_length=32, description="whom its commands run as by default (else the image's User, else root)"),
+) -> tuple[int, dict[str, Any]]:
+    """The request body is an image archive: `podman save --format oci-archive`, `docker save`, an OCI
+    image layout as a tar, or a root filesystem's tarball (at most `FORKYARD_MAX_IMAGE_BYTES`, 16 GiB by
+    default). It is streamed to one host and imported there as a snapshot of the team's, its layers
+    flattened into one (whiteouts applied), its `Env`, `WorkingDir` and `User` kept as its forks'
+    defaults. Answers once it is in: 201 with the snapshot `ready`. Fork it (`snapshot` on a create or
+    launch), or build on it (`base: "snapshot:<id>"` in `POST /templates`); other hosts get it copied
+    on first use, and saved state is billed per GiB-hour as any snapshot's. An archive that is no image
+    is 400 `invalid_image` (what it lacks in its message), and the snapshot `failed` with that error.
+    """
+    key = key_of(request)
+    snapshot, host = await db(services.image_begin)(team=key.team, key=key, name=name, labels={})
+    args: dict[str, Any] = {"name": snapshot.pk, "kind": kind}
+    if user is not None:
+        args["user"] = user
+    try:
+        async for event, record in stream_call(host.engine_socket, "templates.upload", args, body=_kept_alive(request, snapshot)):
+            if event == "result":
+                ended = await db(services.image_ended)(snapshot, host, record=record)
+                return 201, await db(snapshot_out)(ended)
+    except EngineError as error:
+        await db(services.image_ended)(snapshot, host, record=None, code=error.code, message=error.message)
+        raise engine_link.refusal(error) from None
+    except BaseException:
+        await db(services.image_ended)(snapshot, host, record=None, code="upload_interrupted", message="the upload stopped")
+        raise
+    raise Failed("internal_error", "the engine gave no answer")
+
+
+async def _kept_alive(request: HttpRequest, snapshot: Snapshot) -> AsyncIterator[bytes]:
+    """The body as it arrives, the snapshot touched every half minute meanwhile (it is not stuck)."""
+    touched = time.monotonic()
+    async for chunk in body_chunks(request):
+        if time.monotonic() - touched > 30:
+            touched = time.monotonic()
+            await db(services.image_touched)(snapshot)
+        yield chunk
 
 
 @router.get("/snapshots", response={200: SnapshotList, **ERRORS}, summary="List snapshots")

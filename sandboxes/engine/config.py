@@ -101,6 +101,9 @@ class EngineConfig:
     # may pass the pool's size; a create is refused while the pool has less than disk_reserve_mib free.
     max_disk_mib: int = 256 * 1024
     disk_reserve_mib: int = 512
+    # The largest image archive ``templates.upload`` takes (an OCI or docker/podman save archive, or a
+    # root filesystem's tarball), held in <state>/staging while it is unpacked.
+    max_image_mib: int = 16 * 1024
     model_server_host: str = "127.0.0.1"
     model_server_user: str = "nobody"
     vllm_command: str = ""

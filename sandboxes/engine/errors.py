@@ -138,6 +138,13 @@ class TemplateImportFailed(EngineError):
     status = 422
 
 
+class InvalidImage(EngineError):
+    """An uploaded archive that is no image (nor a root filesystem's tarball): the caller's to fix."""
+
+    code = "invalid_image"
+    status = 400
+
+
 class ServiceNotReady(EngineError):
     """A snapshot's service did not answer its readiness check in time."""
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from . import ports, protocol, template_store
 from .engine import VERSION, Engine
-from .errors import EngineError, InvalidRequest
+from .errors import EngineError, InvalidImage, InvalidRequest, TemplateImportFailed, TooLarge
 from .execution import ExecResult
 from .gateway import Gateway
 from .protocol import DATA, END, HEADER, JSON, OUTPUT_TAGS, ProtocolError, encode, encode_json, read_frame
@@ -540,6 +540,61 @@ async def op_templates_import(call: Call) -> Any:
     return vars(record)
 
 
+async def op_templates_upload(call: Call) -> Any:
+    """An image archive as the call's body (an OCI archive, a ``docker save``/``podman save`` one, or a root
+    filesystem's tarball), imported as a snapshot of no parent named ``name`` (the control plane's snapshot
+    id). Held in ``<state>/staging`` (root's only) while it is unpacked, at most ``max_image_mib``
+    (``too_large`` past it), and removed after, whatever happened."""
+    name = template_store.validate_name(call.args.get("name"))
+    kind = call.arg("kind", required=False, default="auto")
+    if kind not in ("auto", "oci", "tar"):
+        raise InvalidRequest("kind is auto, oci or tar", field="kind")
+    assert call.body is not None
+    loop = asyncio.get_running_loop()
+    body = call.body
+    limit = call.engine.config.max_image_mib * 1024 * 1024
+    staging = call.engine.config.state_dir / "staging"
+    path = staging / f"upload-{name}-{os.urandom(4).hex()}"
+
+    def receive() -> int:
+        staging.mkdir(mode=0o700, exist_ok=True)
+        written = 0
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600), "wb") as out:
+            for chunk in body.blocking_chunks(loop):
+                written += len(chunk)
+                if written > limit:
+                    raise TooLarge(f"an image archive is at most {call.engine.config.max_image_mib} MiB here")
+                out.write(chunk)
+        return written
+
+    def progress(event: dict[str, Any]) -> None:
+        loop.call_soon_threadsafe(call.event, {"event": "progress", **event})
+
+    try:
+        received = await asyncio.to_thread(receive)
+        call.event({"event": "progress", "phase": "received", "bytes": received})
+        record = await asyncio.to_thread(
+            call.engine.templates.import_template,
+            name,
+            str(path),
+            kind,
+            False,
+            None,
+            None,
+            progress,
+            call.args.get("user"),
+            True,
+        )
+    except (TemplateImportFailed, InvalidRequest) as error:
+        if error.details.get("field") not in (None, "body"):
+            raise  # a bad argument (user): the caller's field, as it named it
+        # What the archive lacks, said of the upload rather than of this host's staging file.
+        raise InvalidImage(error.message.replace(str(path), "the upload"), field="body") from None
+    finally:
+        path.unlink(missing_ok=True)
+    return vars(record)
+
+
 async def op_templates_build_base(call: Call) -> Any:
     name = template_store.validate_name(call.args.get("name", "base"))
     staging = call.engine.config.state_dir / "staging" / name
@@ -670,6 +725,7 @@ OPS: dict[str, Handler] = {
     "templates.get": op_templates_get,
     "templates.delete": op_templates_delete,
     "templates.import": op_templates_import,
+    "templates.upload": op_templates_upload,
     "templates.build_base": op_templates_build_base,
     "snapshots.create": op_snapshots_create,
     "snapshots.export": op_snapshots_export,
@@ -684,7 +740,7 @@ OPS: dict[str, Handler] = {
 }
 # Operations that take the connection over: after their answer it carries raw bytes, then closes.
 TUNNEL_OPS = {"ports.connect": tunnel_ports_connect}
-BODY_OPS = {"files.write", "files.upload", "snapshots.import"}
+BODY_OPS = {"files.write", "files.upload", "snapshots.import", "templates.upload"}
 # Work that has no point once its caller is gone: it ends when the connection does.
 # (A wait or an attach ends; the process it watches runs on.)
 CALLER_BOUND_OPS = {"exec", "files.watch", "processes.wait", "processes.attach", "ports.wait"}

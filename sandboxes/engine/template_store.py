@@ -242,7 +242,10 @@ class TemplateStore:
         workdir: str | None = None,
         progress: Progress | None = None,
         user: str | int | None = None,
+        as_snapshot: bool = False,
     ) -> TemplateRecord:
+        """``as_snapshot``: recorded as a snapshot of no parent (an uploaded image: the control plane's snapshot,
+        forked, built on and copied to other hosts as any snapshot is)."""
         validate_name(name)
         default_user = users.validate(user)
         if not replace and any(t.name == name for t in self.store.templates()):
@@ -276,6 +279,13 @@ class TemplateStore:
                 report({"phase": "unpacked", **counts})
                 for directory, mode in REQUIRED_DIRECTORIES.items():
                     self._ensure_directory(tree, directory, mode)
+                working = (workdir or image_config.get("config", {}).get("WorkingDir") or "/").strip("/")
+                if working and isinstance(working, str):
+                    # As a container runtime does: an image's working directory is made where it lacks one.
+                    try:
+                        tree.stat(working)
+                    except Exception:  # noqa: BLE001 - absent (a dangling link stays: the exec says so)
+                        tree.make_directories(working, 0o755)
                 forget_resolver(tree)
                 report({"phase": "digest"})
                 layer_id, size = _digest(incoming, self.shift)
@@ -300,6 +310,8 @@ class TemplateStore:
             size_bytes=size,
             created_at=time.time(),
         )
+        if as_snapshot:
+            record.kind, record.total_bytes = "snapshot", size
         self.put(record)
         report({"phase": "done", "layer": layer_id, "size_bytes": size, "seconds": round(time.monotonic() - started, 3)})
         return record

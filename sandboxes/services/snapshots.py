@@ -6,6 +6,12 @@ host's lane; the worker asks the engine and records the outcome
 (``worker.snapshots``).  In the engine a snapshot is a template named by the
 row's id, so forking it is an ordinary create naming it.
 
+An uploaded image (an OCI archive, a ``docker save`` or a root filesystem's
+tarball) becomes a snapshot too, of no parent and no source sandbox: the API
+streams it to one host's engine (``templates.upload``), which imports it
+under the row's id; from then on it is forked, built on (``snapshot:<id>``),
+copied to other hosts and deleted as any snapshot is.
+
 Deleting follows one rule: refused (``snapshot_in_use``) while any live
 sandbox was forked from it or a launch from it is still starting; otherwise
 the row is ``deleted`` and its saved-state billing closes at once, and each
@@ -19,13 +25,15 @@ import logging
 from typing import Any
 
 from django.db import transaction
+from django.utils import timezone
 
 from console.errors import Conflict, Unavailable
 from console.models import ApiKey, Team
 from console.permissions import labels_for_create
 
-from .. import commands, selectors, transitions
-from ..models import Sandbox, Snapshot
+from .. import commands, placement, selectors, transitions
+from ..models import Host, Sandbox, Snapshot
+from ..models import snapshot_id as new_snapshot_id
 from .idempotency import insert_once, replay_of
 
 log = logging.getLogger("forkyard.snapshots")
@@ -78,6 +86,42 @@ def snapshot_create(
         raise Unavailable("broker_unavailable", "the task broker is unavailable; try again shortly") from error
     snapshot.refresh_from_db()
     return snapshot, True
+
+
+def image_begin(*, team: Team, key: ApiKey | None, name: str, labels: dict[str, str]) -> tuple[Snapshot, Host]:
+    """An uploaded image's snapshot, recorded ``creating`` on the live host that takes the upload (the one
+    with the most free memory: any host can, and forks elsewhere get it copied as any snapshot's are).
+    Its root is itself (``template`` is its own id): it has no parent and no source sandbox."""
+    hosts = placement.live_hosts()
+    if not hosts:
+        raise Unavailable("no_host", "no host is up to take the image; try again shortly")
+    host = max(hosts, key=lambda row: (row.memory_mib or 0, row.name))
+    snapshot_id = new_snapshot_id()
+    snapshot = Snapshot.objects.create(
+        id=snapshot_id,
+        team=team,
+        api_key=key,
+        name=name,
+        labels=labels_for_create(key, labels),
+        template=snapshot_id,
+        host=host,
+    )
+    return snapshot, host
+
+
+def image_touched(snapshot: Snapshot) -> None:
+    """An upload still arriving: not stuck (``worker.snapshots.requeue_stuck_snapshots``)."""
+    Snapshot.objects.filter(pk=snapshot.pk, state=Snapshot.State.CREATING).update(updated_at=timezone.now())
+
+
+def image_ended(snapshot: Snapshot, host: Host, *, record: dict[str, Any] | None, code: str = "", message: str = "") -> Snapshot:
+    """The engine's answer to an upload: ready (its record), or failed with the error's code and message."""
+    if record is not None:
+        transitions.snapshot_ready(snapshot, host, record=record)
+    else:
+        transitions.snapshot_failed(snapshot, code=code, message=message)
+    snapshot.refresh_from_db()
+    return snapshot
 
 
 def snapshot_delete(*, snapshot: Snapshot) -> Snapshot:

@@ -11,6 +11,7 @@ import logging
 from collections.abc import Iterable
 from datetime import timedelta
 
+from django.db.models import F
 from django.utils import timezone
 
 from sandboxes.engine import errors as engine_errors
@@ -102,11 +103,11 @@ def sync_host(host: Host, engine_snapshots: Iterable[str]) -> dict[str, int]:
 def requeue_stuck_snapshots(host: Host) -> int:
     """Snapshots of this host still ``creating`` long after their worker last touched them: queue them again."""
     before = timezone.now() - STUCK_AFTER
-    stuck = list(
-        Snapshot.objects.filter(host=host, state=Snapshot.State.CREATING, updated_at__lt=before).values_list("pk", flat=True)[
-            :100
-        ]
-    )
+    rows = Snapshot.objects.filter(host=host, state=Snapshot.State.CREATING, updated_at__lt=before)
+    # An image upload is touched while it arrives: one silent this long lost its web server.
+    for upload in rows.filter(source_sandbox__isnull=True, template=F("pk")):
+        transitions.snapshot_failed(upload, code="upload_interrupted", message="the upload stopped before the image was in")
+    stuck = list(rows.exclude(source_sandbox__isnull=True, template=F("pk")).values_list("pk", flat=True)[:100])
     for snapshot_id in stuck:
         Snapshot.objects.filter(pk=snapshot_id).update(updated_at=timezone.now())
         commands.ensure_snapshot_saved(host, snapshot_id)

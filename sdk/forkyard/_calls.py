@@ -572,6 +572,23 @@ def delete_snapshot(snapshot_id: str) -> Call:
     return Call("DELETE", f"/snapshots/{_segment(snapshot_id)}")
 
 
+ImageKind = Literal["auto", "oci", "tar"]
+
+
+def import_image(archive: Body, name: str, kind: ImageKind, user: str | None) -> Call:
+    params: dict[str, Any] = {"name": name, "kind": kind}
+    if user is not None:
+        params["user"] = user
+    return Call(
+        "POST",
+        "/snapshots/import",
+        params=params,
+        content=archive,
+        headers={"Content-Type": "application/x-tar"},
+        read_timeout_s=1800,
+    )
+
+
 def _policy(name: str, egress: Rules, description: str, same_launch: bool) -> dict[str, Any]:
     rules = [rule.to_api() if isinstance(rule, EgressRule) else dict(rule) for rule in egress]
     return {"name": name, "description": description, "egress": rules, "same_launch": same_launch}

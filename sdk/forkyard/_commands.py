@@ -410,6 +410,8 @@ def snapshots(fy: Client, args: argparse.Namespace) -> int:
         _show_snapshots(args, fy.snapshots.list(state=args.state, label=args.label, limit=args.limit).items)
     elif args.action == "get":
         _show_snapshot(args, fy.snapshots.get(args.snapshot))
+    elif args.action == "import":
+        _show_snapshot(args, fy.snapshots.import_image(args.archive, name=args.name, kind=args.kind, user=args.user))
     else:
         _show_snapshots(args, [fy.snapshots.delete(args.snapshot)])
     return 0

@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping
+from collections.abc import AsyncGenerator, AsyncIterable, AsyncIterator, Awaitable, Callable, Generator, Iterable, Mapping
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar, Unpack, cast
@@ -697,6 +697,27 @@ class AsyncSnapshots(Resource[AsyncSender]):
 
     async def delete(self, snapshot_id: str) -> AsyncSnapshot:
         return AsyncSnapshot(self._sender, await self._sender.json(calls.delete_snapshot(snapshot_id)))
+
+    async def import_image(
+        self,
+        archive: str | os.PathLike[str] | bytes | AsyncIterable[bytes],
+        *,
+        name: str,
+        kind: calls.ImageKind = "auto",
+        user: str | None = None,
+    ) -> AsyncSnapshot:
+        """An image as a snapshot (see the sync client): a path is read a chunk at a time off the loop."""
+        body = _file_chunks(archive) if isinstance(archive, (str, os.PathLike)) else archive
+        return AsyncSnapshot(self._sender, await self._sender.json(calls.import_image(body, name, kind, user)))
+
+
+async def _file_chunks(path: str | os.PathLike[str], size: int = 1 << 20) -> AsyncIterator[bytes]:
+    stream = await asyncio.to_thread(open, path, "rb")
+    try:
+        while chunk := await asyncio.to_thread(stream.read, size):
+            yield chunk
+    finally:
+        stream.close()
 
 
 class AsyncSnapshot(SnapshotFields):

@@ -230,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.add_argument("--timeout", type=float, default=600.0, help="seconds to wait for it to be ready (default: 600)")
     sub.add_argument("-q", "--quiet", action="store_true", help="print only the snapshot's id")
 
-    sub = command("snapshots", snapshots, "list, show or delete snapshots")
+    sub = command("snapshots", snapshots, "list, show, delete or import snapshots")
     actions = sub.add_subparsers(dest="action", required=True, metavar="ACTION")
     listing = actions.add_parser("list", parents=[common])
     listing.add_argument("--state", help="creating, ready or failed")
@@ -238,6 +238,11 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_argument("--limit", type=int, default=100)
     actions.add_parser("get", parents=[common]).add_argument("snapshot")
     actions.add_parser("delete", parents=[common]).add_argument("snapshot")
+    imported = actions.add_parser("import", parents=[common], help="an image archive as a snapshot")
+    imported.add_argument("archive", help="podman save --format oci-archive, docker save, or a root filesystem's tarball")
+    imported.add_argument("--name", required=True, help="for people; forks and builds name the snapshot's id")
+    imported.add_argument("--kind", choices=("auto", "oci", "tar"), default="auto")
+    imported.add_argument("--user", help="whom its commands run as by default (else the image's User, else root)")
 
     sub = command("exec", exec_command, "run a command in a sandbox (exits with its exit code), or in many (--label, --launch)")
     _add_selection(sub, "run it in")

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Generator, Iterable, Iterator, Mapping
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Generic, Literal, Self, TypeVar, Unpack, cast
+from typing import IO, Any, Generic, Literal, Self, TypeVar, Unpack, cast
 
 import httpx
 
@@ -835,6 +835,23 @@ class Snapshots(Resource[Sender]):
         """Delete a snapshot: its saved-state billing ends now.  Refused with ``Conflict``
         (``snapshot_in_use``, ``details["forks_alive"]``) while sandboxes forked from it live."""
         return Snapshot(self._sender, self._sender.json(calls.delete_snapshot(snapshot_id)))
+
+    def import_image(
+        self,
+        archive: str | os.PathLike[str] | bytes | IO[bytes],
+        *,
+        name: str,
+        kind: calls.ImageKind = "auto",
+        user: str | None = None,
+    ) -> Snapshot:
+        """An image as a snapshot of the team's, ready when this returns: ``archive`` is a path, bytes or a
+        binary file of ``podman save --format oci-archive``, ``docker save``, or a root filesystem's
+        tarball (``kind="tar"``), streamed, never read whole.  Fork it (``snapshot=``) or build on it
+        (``TemplateSpec(f"snapshot:{snap.id}")``).  ``InvalidRequest`` (``invalid_image``) if it is none."""
+        if isinstance(archive, (str, os.PathLike)):
+            with open(archive, "rb") as stream:
+                return self.import_image(stream, name=name, kind=kind, user=user)
+        return Snapshot(self._sender, self._sender.json(calls.import_image(archive, name, kind, user)))
 
 
 class Snapshot(SnapshotFields):

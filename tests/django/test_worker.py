@@ -424,3 +424,23 @@ def test_a_launchs_environment_is_sealed_in_the_broker_and_the_database(cluster:
     with connection.cursor() as cursor:
         cursor.execute("SELECT env FROM sandboxes_sandbox WHERE launch_id = %s", [launch.pk])
         assert {row[0] for row in cursor.fetchall()} == {""}, "cleared once the engine has it"
+
+
+def test_an_upload_silent_too_long_fails_and_a_stuck_snapshot_is_queued_again(
+    cluster: Any, team: Any, sent: Any, make_row: Any
+) -> None:
+    host = cluster.add_host("h1")
+    source = make_row(Sandbox.State.RUNNING, host=host)
+    taken = Snapshot.objects.create(team=team, name="taken", template="base", host=host, source_sandbox=source)
+    upload = Snapshot.objects.create(id="snap_upload0000000001", team=team, name="image", template="snap_upload0000000001", host=host)
+    fresh = Snapshot.objects.create(id="snap_upload0000000002", team=team, name="image", template="snap_upload0000000002", host=host)
+    long_ago = timezone.now() - snapshots.STUCK_AFTER - timedelta(seconds=5)
+    Snapshot.objects.filter(pk__in=[taken.pk, upload.pk]).update(updated_at=long_ago)
+
+    assert snapshots.requeue_stuck_snapshots(host) == 1
+    upload.refresh_from_db()
+    assert (upload.state, upload.error_code) == (Snapshot.State.FAILED, "upload_interrupted")
+    fresh.refresh_from_db()
+    assert fresh.state == Snapshot.State.CREATING, "an upload touched lately is still arriving"
+    queued = [str(args) for _name, args, _queue, _expires in sent.commands]
+    assert any(taken.pk in args for args in queued) and not any("snap_upload" in args for args in queued), queued
