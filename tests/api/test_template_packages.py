@@ -7,7 +7,6 @@ network namespace, 198.18.x.2), and the base is the Debian root filesystem with 
 
 from __future__ import annotations
 
-import time
 import uuid
 
 import httpx
@@ -15,7 +14,7 @@ import pytest
 
 from tests.api.test_template_builds import build
 from tests.engine.test_pip import INDEX_PORT, VALUE, index
-from tests.support.debian import DEBIAN, require_root_filesystem
+from tests.support.debian import DEBIAN, import_public, require_root_filesystem
 from tests.support.netns import Server, allow, server
 from tests.support.stack import Stack
 
@@ -27,14 +26,7 @@ __all__ = ["index", "server"]  # fixtures
 def debian(stack: Stack) -> str:
     """The Debian template with pip, on the stack's host and in the API."""
     require_root_filesystem(DEBIAN, "usr/bin/pip3")
-    with stack.engine.client(timeout_s=300) as client:  # type: ignore[union-attr]
-        client.import_template("debian-pip", str(DEBIAN), "directory", replace=True)
-    with stack.client() as api:
-        deadline = time.monotonic() + 60
-        while not api.get("/api/v1/templates/debian-pip").json().get("hosts"):
-            assert time.monotonic() < deadline, "the host did not report the imported template"
-            time.sleep(0.5)
-    return "debian-pip"
+    return import_public(stack, "debian-pip", DEBIAN)
 
 
 def test_a_pip_step_installs_from_the_index_its_policy_allows(api: httpx.Client, debian: str, server: Server, index: str):

@@ -29,7 +29,7 @@ from forkyard import Client
 from tests.api.test_template_builds import build
 from tests.browser.conftest import sign_in
 from tests.support.debian import DESKTOP as DESKTOP_CACHE
-from tests.support.debian import require_root_filesystem
+from tests.support.debian import import_public, require_root_filesystem
 from tests.support.stack import Stack, Team
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
@@ -59,17 +59,12 @@ PAINTED = (
 def desktop(stack: Stack) -> str:
     """The desktop template, built from the shipped spec on the bootstrap's Debian with its packages."""
     require_root_filesystem(DESKTOP_CACHE, "usr/bin/Xvfb")
-    with stack.engine.client(timeout_s=600) as client:  # type: ignore[union-attr]
-        client.import_template("debian-desktop", str(DESKTOP_CACHE), "directory", replace=True)
+    import_public(stack, "debian-desktop", DESKTOP_CACHE)
     spec = json.loads(SPEC.read_text())
     assert spec["steps"][0]["apt"], "the spec's first step installs the desktop's packages"
     name = f"desktop-{uuid.uuid4().hex[:6]}"
     body = {**spec, "name": name, "base": "debian-desktop", "steps": spec["steps"][1:]}
     with stack.client() as api:
-        deadline = time.monotonic() + 60
-        while not api.get("/api/v1/templates/debian-desktop").json().get("hosts"):
-            assert time.monotonic() < deadline, "the host did not report the imported template"
-            time.sleep(0.5)
         built = build(api, body, timeout_s=600)
     assert built["state"] == "ready", built
     return name

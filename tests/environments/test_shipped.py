@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from tests.api.test_template_builds import build
-from tests.support.debian import DEBIAN, require_root_filesystem
+from tests.support.debian import DEBIAN, import_public, require_root_filesystem
 from tests.support.debian_archive import ARCHIVE, ENVIRONMENTS
 from tests.support.netns import namespace, serve_directory
 from tests.support.stack import Stack
@@ -50,14 +50,7 @@ def archive(stack: Stack) -> Iterator[str]:
 def debian(stack: Stack) -> str:
     """The specs' base, ``debian:bookworm``: the public template ``debian``, the bootstrap's Debian."""
     require_root_filesystem(DEBIAN, "usr/bin/apt-get")
-    with stack.engine.client(timeout_s=300) as client:  # type: ignore[union-attr]
-        client.import_template("debian", str(DEBIAN), "directory", replace=True)
-    with stack.client() as api:
-        deadline = time.monotonic() + 60
-        while not api.get("/api/v1/templates/debian").json().get("hosts"):
-            assert time.monotonic() < deadline, "the host did not report the imported template"
-            time.sleep(0.5)
-    return "debian"
+    return import_public(stack, "debian", DEBIAN)
 
 
 def _shipped(name: str) -> dict[str, Any]:
