@@ -118,6 +118,12 @@ DENIED_SYSCALLS: dict[str, tuple[str, ...]] = {
 # filter cannot read, and ENOSYS makes libc fall back to clone, which it can.
 ENOSYS_SYSCALLS = ("clone3",)
 
+# Answered 0 without running: a sandbox's disk is gone at its destroy and with its host, so asking
+# for its writes to reach the platter buys nothing, and each one flushed the whole shared disk pool
+# (dpkg's fsync per file made a package install 1.8x slower than on tmpfs); sync and syncfs flushed
+# every sandbox's writes, or the host's, at one sandbox's word.  Snapshots read the page cache.
+SKIPPED_SYSCALLS = ("fsync", "fdatasync", "sync_file_range", "syncfs", "sync")
+
 TIOCSTI = 0x5412
 TIOCLINUX = 0x541C
 IOCTL_TYPE_MASK = 0xFF00  # an ioctl request's type byte (linux/ioctl.h)
@@ -153,6 +159,7 @@ def _rules() -> list[_Rule]:
     deny = _errno_action(errno.EPERM)
     rules = [_Rule(name, deny) for group in DENIED_SYSCALLS.values() for name in group]
     rules += [_Rule(name, _errno_action(errno.ENOSYS)) for name in ENOSYS_SYSCALLS]
+    rules += [_Rule(name, _errno_action(0)) for name in SKIPPED_SYSCALLS]
     # clone with any namespace flag: one rule per flag, since conditions AND.
     rules += [_Rule("clone", deny, ((0, SCMP_CMP_MASKED_EQ, flag, flag),)) for flag in NAMESPACE_FLAGS]
     # Compare only the low 32 bits the kernel itself reads, so setting high
