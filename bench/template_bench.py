@@ -14,7 +14,12 @@ archive). Measured in one run, on the real stack (web server, worker, engine):
 * create to first command from the built template (a fork of its last snapshot, its service
   answering), p50 over samples, beside the same from ``base``;
 * the peer: ``podman build`` of a Containerfile with the same steps from the same root filesystem,
-  cold (``--no-cache``) and cached.
+  cold (``--no-cache``) and cached;
+* the shipped environments (sandboxes/environments/python.json and node.json) built as written, cold
+  and cached, on the bootstrap's Debian, their ``apt`` step served by the local copy of Debian's archive
+  that the tests use (tests/support/debian_archive.py) as ``deb.debian.org`` from a namespace of the
+  benchmark's own; beside ``podman build`` of the same steps from the same Debian, its ``RUN`` steps in
+  that namespace (``--network ns:``) so that both fetch from the same server.
 
 Goal (issue 13): a cached rebuild under 2 s. Prints a table and writes JSON to
 bench/results/template-<backend>-latest.json.
@@ -23,6 +28,7 @@ bench/results/template-<backend>-latest.json.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +43,9 @@ sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import PODMAN, conclude, conditions, rootfs_tar, summary, write_report  # noqa: E402
 from bench.snapshot_bench import SETUP  # noqa: E402
+from tests.support.debian import DEBIAN, import_public  # noqa: E402
+from tests.support.debian_archive import ARCHIVE, ENVIRONMENTS  # noqa: E402
+from tests.support.netns import namespace, serve_directory  # noqa: E402
 from tests.support.stack import PRODUCTION_TIMING, Stack  # noqa: E402
 
 GOAL_CACHED_S = 2.0
@@ -104,10 +113,16 @@ def podman_peer(work: Path, stack: Stack) -> dict[str, Any]:
         "RUN echo built > /srv/app/BUILT\n"
         f'CMD ["httpd", "-f", "-p", "8080", "-h", "/srv/app"]\n'
     )
-    command = [*PODMAN, "build", "-q", "--network", "none", "-t", image, str(context)]
+    return podman_builds([*PODMAN, "build", "-q", "--network", "none", "-t", image, str(context)], image, base)
+
+
+def podman_builds(command: list[str], image: str, base: str) -> dict[str, Any]:
+    """``podman build`` cold (``--no-cache``), then again cached; the images removed after."""
     try:
         started = time.perf_counter()
-        subprocess.run([*command[:4], "--no-cache", *command[4:]], check=True, capture_output=True)
+        done = subprocess.run([*command[:4], "--no-cache", *command[4:]], capture_output=True, text=True)
+        if done.returncode != 0:
+            return {"error": (done.stderr or done.stdout)[-300:]}
         cold_s = time.perf_counter() - started
         started = time.perf_counter()
         subprocess.run(command, check=True, capture_output=True)
@@ -117,6 +132,66 @@ def podman_peer(work: Path, stack: Stack) -> dict[str, Any]:
         subprocess.run(["podman", "rmi", "-f", image, base], capture_output=True)
 
 
+SHIPPED = ("python", "node")
+
+
+def shipped(api: Any, stack: Stack, work: Path, peers: bool) -> dict[str, Any]:
+    """The shipped environments built from their specs, cold and cached, by us and by ``podman build``."""
+    assert stack.engine is not None
+    import_public(stack, "debian", DEBIAN)
+    results: dict[str, Any] = {}
+    hosts = Path(stack.engine.config.network_hosts)
+    with namespace() as (name, _outside, address, _other), serve_directory(name, address, 80, ARCHIVE):
+        hosts.write_text(f"{address} deb.debian.org\n")
+        for environment in SHIPPED:
+            body = {**json.loads((ENVIRONMENTS / f"{environment}.json").read_text()), "name": f"bench-{environment}"}
+            print(f"shipped {environment}: cold build...", flush=True)
+            cold_s, cold = build(api, body, timeout_s=1800)
+            cached_s, cached = build(api, body)
+            if not cached["cached"]:
+                raise RuntimeError(f"the rebuild of {environment} ran steps")
+            results[environment] = {
+                "build_cold_s": round(cold_s, 3),
+                "build_cached_s": round(cached_s, 3),
+                "steps_cold_s": {step["name"][:40]: step["seconds"] for step in cold["steps"]},
+            }
+            if peers and shutil.which("podman"):
+                print(f"shipped {environment}: podman build...", flush=True)
+                results[environment]["podman"] = podman_shipped(work, body, name, address)
+    return results
+
+
+def podman_shipped(work: Path, body: dict[str, Any], namespace_name: str, address: str) -> dict[str, Any]:
+    """``podman build`` of a shipped spec's steps from the same Debian, fetching from the same archive."""
+    base, image = "localhost/fy-tpl-debian:latest", f"localhost/fy-tpl-{body['name']}:latest"
+    tarball = work / "debian.tar"
+    if not tarball.exists():
+        subprocess.run(["tar", "-C", str(DEBIAN), "-cf", str(tarball), "."], check=True)
+    subprocess.run(["podman", "import", str(tarball), base], check=True, capture_output=True)
+    lines = [f"FROM {base}"]
+    for step in body["steps"]:
+        if "apt" in step:
+            # As a Containerfile's author writes it; the build step runs the same (worker/template_builds.APT).
+            packages = " ".join(step["apt"])
+            lines.append(
+                "RUN apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends"
+                f" {packages} && apt-get clean && rm -rf /var/lib/apt/lists/*"
+            )
+        elif "run" in step:
+            lines.append(f"RUN {step['run']}")
+        elif "env" in step:
+            lines += [f"ENV {key}={value}" for key, value in step["env"].items()]
+        elif "workdir" in step:
+            lines.append(f"WORKDIR {step['workdir']}")
+        elif "user" in step:
+            lines.append(f"USER {step['user']}")
+    context = work / f"context-{body['name']}"
+    context.mkdir()
+    (context / "Containerfile").write_text("\n".join(lines) + "\n")
+    network = ["--network", f"ns:/run/netns/{namespace_name}", "--add-host", f"deb.debian.org:{address}"]
+    return podman_builds([*PODMAN, "build", "-q", *network, "-t", image, str(context)], image, base)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument(
@@ -124,6 +199,7 @@ def main() -> int:
     )
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--no-peers", action="store_true")
+    parser.add_argument("--no-shipped", action="store_true", help="skip building the shipped environments")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root: the product creates real sandboxes", file=sys.stderr)
@@ -156,6 +232,10 @@ def main() -> int:
                 "first_command_from_template_ms": first_command_ms(api, "bench-env", samples),
                 "first_command_from_base_ms": first_command_ms(api, "base", samples),
             }
+            if not args.no_shipped:
+                if not (ARCHIVE / "debian").is_dir() or not (DEBIAN / "usr/bin/apt-get").exists():
+                    raise RuntimeError(f"no Debian archive at {ARCHIVE} or Debian at {DEBIAN}: scripts/bootstrap makes them")
+                report["shipped"] = shipped(api, stack, work, peers=not args.no_peers)
         if not args.no_peers and shutil.which("podman"):
             print("podman build...", flush=True)
             report["podman"] = podman_peer(work, stack)

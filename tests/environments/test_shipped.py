@@ -66,6 +66,7 @@ def _built_and_cached(api: httpx.Client, body: dict[str, Any]) -> dict[str, Any]
     log = "".join(line["text"] for line in built["lines"] if line["type"] == "log")
     assert "Get:1 http://deb.debian.org/debian bookworm InRelease" in log, log[:2000]
     assert f"Setting up {body['steps'][0]['apt'][0]}" in log, log[-3000:]
+    print(f"{body['name']}: " + " ".join(line for line in log.splitlines() if line.startswith("Fetched ")))
     api.delete(f"/api/v1/templates/{body['name']}")
     started = time.monotonic()
     again = build(api, body, timeout_s=120)
