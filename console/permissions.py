@@ -59,7 +59,7 @@ class Action(StrEnum):
     SEE_LAUNCHES = "see launches"
     RUN_LAUNCHES = "start and tear down launches"
     SEE_SNAPSHOTS = "see snapshots"
-    MANAGE_SNAPSHOTS = "take and delete snapshots"
+    MANAGE_SNAPSHOTS = "take, import and delete snapshots"
     SEE_TEMPLATES = "see templates"
     MANAGE_TEMPLATES = "build and delete templates"
     SEE_POLICIES = "see network policies"
@@ -180,6 +180,7 @@ ROUTES: list[tuple[str, str, Action]] = [
     ("GET", "/snapshots", Action.SEE_SNAPSHOTS),
     ("GET", "/snapshots/{snapshot_id}", Action.SEE_SNAPSHOTS),
     ("DELETE", "/snapshots/{snapshot_id}", Action.MANAGE_SNAPSHOTS),
+    ("POST", "/snapshots/import", Action.MANAGE_SNAPSHOTS),
     ("GET", "/templates", Action.SEE_TEMPLATES),
     ("POST", "/templates", Action.MANAGE_TEMPLATES),
     ("GET", "/templates/{name}", Action.SEE_TEMPLATES),
