@@ -7,12 +7,18 @@ over HTTP from a network namespace of the test's own (198.18.x.2, port 80) under
 ``deb.debian.org``, which the stack's engine's resolver answers from its hosts file. The base,
 ``debian``, is the bootstrap's Debian root filesystem. Nothing leaves the machine.
 
-Then a second build of the same spec is a cache hit, every step of it.
+Then a second build of the same spec is a cache hit, every step of it. Last, an ``npm`` step installs
+from an npm registry of the test's own (a packument and a tarball written here, served from another
+namespace), under a policy that allows it.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import io
 import json
+import tarfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -117,3 +123,63 @@ def test_node_is_built_from_its_spec_and_has_its_tools(api: httpx.Client, archiv
     )
     assert lines == ["agent", "false", "42", "npm", "tmp"], lines
     api.delete(f"/api/v1/templates/{body['name']}")
+
+
+NPM_PORT = 8091
+NPM_VALUE = "came from the test's own registry"
+
+
+def _npm_package(root: Path, url: str) -> None:
+    """fytiny-npm 1.0.0 in a registry laid out for a static server: its packument at /fytiny-npm, its tarball
+    under /tarballs (written by hand: no registry software, no download)."""
+    files = {
+        "package/package.json": json.dumps({"name": "fytiny-npm", "version": "1.0.0", "bin": {"fytiny": "bin.js"}}).encode(),
+        "package/bin.js": f"#!/usr/bin/env node\nconsole.log({NPM_VALUE!r});\n".encode(),
+    }
+    raw = io.BytesIO()
+    with tarfile.open(fileobj=raw, mode="w:gz") as archive:
+        for name, data in files.items():
+            member = tarfile.TarInfo(name)
+            member.size, member.mode = len(data), 0o755
+            archive.addfile(member, io.BytesIO(data))
+    tarball = raw.getvalue()
+    (root / "tarballs").mkdir(parents=True)
+    (root / "tarballs" / "fytiny-npm-1.0.0.tgz").write_bytes(tarball)
+    integrity = "sha512-" + base64.b64encode(hashlib.sha512(tarball).digest()).decode()
+    version = {
+        "name": "fytiny-npm",
+        "version": "1.0.0",
+        "bin": {"fytiny": "bin.js"},
+        "dist": {"tarball": f"{url}tarballs/fytiny-npm-1.0.0.tgz", "shasum": hashlib.sha1(tarball).hexdigest(), "integrity": integrity},
+    }
+    packument = {"name": "fytiny-npm", "dist-tags": {"latest": "1.0.0"}, "versions": {"1.0.0": version}}
+    (root / "fytiny-npm").write_text(json.dumps(packument))
+
+
+def test_an_npm_step_installs_from_the_registry_its_policy_allows(api: httpx.Client, archive: str, debian: str, tmp_path: Path):
+    node = json.loads((ENVIRONMENTS / "node.json").read_text())
+    with namespace() as (name, _outside, address, _other):
+        url = f"http://{address}:{NPM_PORT}/"
+        _npm_package(tmp_path / "registry", url)
+        with serve_directory(name, address, NPM_PORT, tmp_path / "registry"):
+            egress = [
+                {"host": "deb.debian.org", "ports": [80], "protocol": "tcp"},
+                {"cidr": f"{address}/32", "ports": [NPM_PORT], "protocol": "tcp"},
+            ]
+            policy = api.post("/api/v1/network-policies", json={"name": f"npm-{uuid.uuid4().hex[:6]}", "egress": egress})
+            assert policy.status_code == 201, policy.text
+            body = {
+                "name": f"npm-{uuid.uuid4().hex[:6]}",
+                "base": "debian:bookworm",
+                "size": "default",
+                "network_policy": policy.json()["id"],
+                # node.json's own packages (its apt step's snapshot, reused when the node build ran first), then npm.
+                "steps": [node["steps"][0], {"env": {"NPM_CONFIG_REGISTRY": url}}, {"npm": ["fytiny-npm@1.0.0"]}],
+            }
+            built = build(api, body, timeout_s=1200)
+    assert built["state"] == "ready", (built.get("error"), built.get("error_output"))
+    assert [(step["kind"], step["state"]) for step in built["steps"]][-1] == ("npm", "done"), built["steps"]
+    # Installed in the template: a sandbox of it, with no network at all, runs it.
+    assert _run(api, body["name"], "fytiny; which fytiny") == [NPM_VALUE, "/usr/local/bin/fytiny"]
+    assert api.delete(f"/api/v1/templates/{body['name']}").status_code == 200
+    api.delete(f"/api/v1/network-policies/{policy.json()['id']}")
