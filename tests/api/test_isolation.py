@@ -37,6 +37,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.api.test_image_import import _tar as _tar_of
 from tests.support.stack import wait_for_launch
 
 pytestmark = pytest.mark.root
@@ -439,6 +440,13 @@ def test_collection_endpoints_never_reach_another_teams_objects(stack, team_b, o
         assert killed.status_code == 200 and killed.json()["count"] == 0, killed.text
         refused(intruder.delete("/api/v1/sandboxes", params={"launch": made["launch"]}), "launch_not_found", "launch")
         handled.add(("DELETE", "/api/v1/sandboxes"))
+        # An image import names no object: what team B uploads is team B's snapshot, whatever its name.
+        imported = intruder.post(
+            "/api/v1/snapshots/import", params={"name": f"a-{tag}", "kind": "tar"}, content=_tar_of({"etc/b": b"b\n"})
+        )
+        assert imported.status_code == 201 and imported.json()["id"] != made["snapshot"], imported.text
+        assert intruder.delete(f"/api/v1/snapshots/{imported.json()['id']}").status_code == 200
+        handled.add(("POST", "/api/v1/snapshots/import"))
         # Query parameters that name an object of team A.
         for parameter, paths in QUERY_OBJECTS.items():
             for path, name in paths.items():
