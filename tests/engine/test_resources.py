@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 import threading
@@ -95,12 +96,18 @@ def forks_refused(engine_process, sandbox: str) -> int:
     return total
 
 
-def test_disk_fill_stays_inside_the_sandbox(engine, probed_tiny):
+def test_disk_fill_stays_inside_the_sandbox(engine_process, engine, probed_tiny):
+    image = engine_process.config.disks_image  # the test engine's disk pool: an image it made, allocated up front
+    blocks_before = image.stat().st_blocks
+    os.sync()  # the host's own delayed allocations (earlier tests' files) settled before it is measured
     free_before = shutil.disk_usage("/").free
     result = engine.exec(probed_tiny, "dd if=/dev/zero of=/tmp/fill bs=1M count=4096; echo rc=$?", timeout_s=60)
-    # The writable layer is bounded by the size: the write fails (ENOSPC) or
+    # The writable layer is bounded by the size: the write fails (its disk's quota) or
     # the writer is OOM-killed; either way it stops well short of 4 GiB.
     assert b"rc=0" not in result.stdout or result.oom_killed
+    # What it wrote went into the pool's image, whose blocks were the host's already: none more taken.
+    assert image.stat().st_blocks == blocks_before
+    os.sync()
     assert shutil.disk_usage("/").free > free_before - 64 * 1024 * 1024
     engine.exec(probed_tiny, "rm -f /tmp/fill")
     assert engine.exec(probed_tiny, "echo ok > /tmp/small && cat /tmp/small").stdout == b"ok\n"
