@@ -20,7 +20,7 @@ What it does, in the order the code runs it:
    front so that the host's disk filling up cannot fail the btrfs under
    the sandboxes), formats it (``mkfs.btrfs``, single copies of data and
    metadata), and mounts it through a loop device with direct I/O (no
-   second page cache) and ``nosuid,nodev,noatime``. Quotas are turned on:
+   second page cache) and ``nosuid,nodev,noatime,nodiscard`` (no discard punches holes in the image). Quotas are turned on:
    simple quotas (kernel 6.7 and later: each extent counted to the
    subvolume that wrote it, no back-reference walks), else the classic
    quota groups. The directory is root's, passable by the layers' group
@@ -168,7 +168,9 @@ class Disks:
         if not image.exists():
             self._make_image(image)
         completed = subprocess.run(  # noqa: S603 - a fixed argv; util-linux's mount sets the loop device up
-            ["mount", "-t", "btrfs", "-o", "loop,nosuid,nodev,noatime", str(image), str(self.directory)],
+            # nodiscard (and mkfs's -K): a discard through the loop device punches a hole in the image, giving
+            # back to the host the space allocated up front for the sandboxes.
+            ["mount", "-t", "btrfs", "-o", "loop,nosuid,nodev,noatime,nodiscard", str(image), str(self.directory)],
             capture_output=True,
             text=True,
             timeout=60,
@@ -190,7 +192,7 @@ class Disks:
             finally:
                 os.close(fd)
             completed = subprocess.run(  # noqa: S603 - a fixed argv
-                [mkfs, "-q", "-f", "-m", "single", "-d", "single", "-L", "forkyard-disks", str(partial)],
+                [mkfs, "-q", "-f", "-K", "-m", "single", "-d", "single", "-L", "forkyard-disks", str(partial)],
                 capture_output=True,
                 text=True,
                 timeout=300,

@@ -99,6 +99,7 @@ def forks_refused(engine_process, sandbox: str) -> int:
 def test_disk_fill_stays_inside_the_sandbox(engine_process, engine, probed_tiny):
     image = engine_process.config.disks_image  # the test engine's disk pool: an image it made, allocated up front
     blocks_before = image.stat().st_blocks
+    assert blocks_before * 512 >= image.stat().st_size, "all of it allocated (no discard punched a hole in it)"
     os.sync()  # the host's own delayed allocations (earlier tests' files) settled before it is measured
     free_before = shutil.disk_usage("/").free
     result = engine.exec(probed_tiny, "dd if=/dev/zero of=/tmp/fill bs=1M count=4096; echo rc=$?", timeout_s=60)
