@@ -11,7 +11,7 @@ import logging
 from collections.abc import Iterable
 from datetime import timedelta
 
-from django.db.models import F
+from django.db.models import F, Q
 from django.utils import timezone
 
 from sandboxes.engine import errors as engine_errors
@@ -24,6 +24,8 @@ log = logging.getLogger("forkyard.snapshots")
 # its command (a worker or broker died): it is queued again.  Longer than the
 # sandbox threshold, because taking a large snapshot is slow, not stuck.
 STUCK_AFTER = timedelta(minutes=2)
+# An uploaded image's row (services/snapshots.image_begin): no source sandbox, and its own root.
+UPLOADS = Q(source_sandbox__isnull=True, template=F("pk"))
 
 
 def _engine_forget(host: Host, snapshot_id: str) -> bool:
@@ -105,9 +107,9 @@ def requeue_stuck_snapshots(host: Host) -> int:
     before = timezone.now() - STUCK_AFTER
     rows = Snapshot.objects.filter(host=host, state=Snapshot.State.CREATING, updated_at__lt=before)
     # An image upload is touched while it arrives: one silent this long lost its web server.
-    for upload in rows.filter(source_sandbox__isnull=True, template=F("pk")):
+    for upload in rows.filter(UPLOADS):
         transitions.snapshot_failed(upload, code="upload_interrupted", message="the upload stopped before the image was in")
-    stuck = list(rows.exclude(source_sandbox__isnull=True, template=F("pk")).values_list("pk", flat=True)[:100])
+    stuck = list(rows.exclude(UPLOADS).values_list("pk", flat=True)[:100])
     for snapshot_id in stuck:
         Snapshot.objects.filter(pk=snapshot_id).update(updated_at=timezone.now())
         commands.ensure_snapshot_saved(host, snapshot_id)
