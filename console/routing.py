@@ -7,6 +7,7 @@ from django.urls import path
 from sandboxes.api.port_tunnel import PortTunnelConsumer
 from sandboxes.api.pty import ProcessConsumer
 from sandboxes.board.consumer import BoardConsumer
+from sandboxes.views.live_view import LiveViewConsumer
 from sandboxes.views.terminal import TerminalConsumer
 
 websocket_urlpatterns = [
@@ -14,6 +15,8 @@ websocket_urlpatterns = [
     path("ws/board/<str:launch_id>/", BoardConsumer.as_asgi()),  # type: ignore[arg-type]
     # The console's terminal: the API's pty socket, signed in by the session (sandboxes/views/terminal.py).
     path("ws/terminal/<str:sandbox_id>/<int:pid>/", TerminalConsumer.as_asgi()),  # type: ignore[arg-type]
+    # The console's live view of a desktop: its VNC server's bytes, signed in by the session (sandboxes/views/live_view.py).
+    path("ws/desktop/<str:sandbox_id>/<str:mode>/", LiveViewConsumer.as_asgi()),  # type: ignore[arg-type]
 ]
 
 # The API's websockets: authenticated by the API key in a header (no session, no cookie).

@@ -27,6 +27,8 @@ from .data import _engine_call
 
 router = Router(tags=["desktop"])
 VIEW_PORTS = {"view": 6081, "control": 6080}  # the desktop environment's noVNC services (environments/desktop.json)
+# Its VNC servers, which the console's own view reaches (views/live_view.py); 5901 refuses input itself (-viewonly).
+VNC_PORTS = {"view": 5901, "control": 5900}
 VIEW_PAGE = "vnc.html?autoconnect=1&resize=scale&reconnect=1"
 
 

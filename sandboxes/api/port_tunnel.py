@@ -28,6 +28,7 @@ from console.errors import Refused
 from sandboxes.engine import errors as engine_errors
 
 from .. import engine_link, selectors
+from ..models import Sandbox
 from .pty import CLOSE_CODES, _bearer
 
 READ_CHUNK = 256 * 1024
@@ -58,9 +59,13 @@ class PortTunnelConsumer(AsyncWebsocketConsumer):
         except Refused as error:
             await self._refuse(4404 if error.code.endswith("not_found") else 4409, error.code, error.message)
             return
+        await self.relay(sandbox, int(route["port"]))
+
+    async def relay(self, sandbox: Sandbox, port: int) -> None:
+        """Carry one TCP connection to ``port`` in the started ``sandbox`` both ways; refuse if none opens."""
         assert sandbox.host is not None  # a started sandbox has a host
         try:
-            reader, self.writer = await engine_link.open_port(sandbox.host.engine_socket, sandbox.engine_id, int(route["port"]))
+            reader, self.writer = await engine_link.open_port(sandbox.host.engine_socket, sandbox.engine_id, port)
         except engine_errors.EngineError as error:
             refusal = engine_link.refusal(error, sandbox)
             if isinstance(error, engine_errors.PortNotListening):

@@ -278,17 +278,23 @@ def _desktop(sandbox: Sandbox) -> dict[str, Any] | None:
 def sandbox_desktop(request: HttpRequest, membership: Membership, sandbox_id: str) -> HttpResponse:
     """The page's desktop panel, loaded after the page: empty unless a desktop runs in the sandbox."""
     sandbox = selectors.sandbox_for(membership.team, sandbox_id)
-    return render(request, "sandboxes/_desktop.html", {"sandbox": sandbox, "desktop": _desktop(sandbox)})
+    context = {
+        "sandbox": sandbox,
+        "desktop": _desktop(sandbox),
+        "socket": settings.FORKYARD_WEBSOCKET_URL,  # the live view's (views/live_view.py), as the terminal's
+        "socket_port": settings.FORKYARD_WEBSOCKET_PORT,
+    }
+    return render(request, "sandboxes/_desktop.html", context)
 
 
 @never_cache  # the signed URL is the caller's alone
 @require_POST
 @team_view(Action.RUN_SANDBOXES)
 def sandbox_desktop_view(request: HttpRequest, membership: Membership, sandbox_id: str) -> HttpResponse:
-    """The live view (the API's ``POST .../desktop/view``): a page that sends the tab the panel's form
-    opens on to noVNC's signed page (a redirect would break the console's ``form-action 'self'``). A
-    tab, not a frame on this page: the view's token cookie is SameSite=Lax, which a browser does not
-    send from a frame of another site (the console's host is not the preview's)."""
+    """The live view in a tab of its own (the API's ``POST .../desktop/view``): a page that sends the tab
+    the panel's form opens on to noVNC's signed page on the preview host (a redirect would break the
+    console's ``form-action 'self'``): a link that can be shared. The panel's own view, on the page,
+    is the console's (``views/live_view.py``)."""
     sandbox = selectors.sandbox_for(membership.team, sandbox_id)
     mode = request.POST.get("mode", "view")
     if mode not in VIEW_PORTS:

@@ -13,6 +13,7 @@ otherwise hold one of the sandbox's 32 process places).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from console.db import db
@@ -26,7 +27,7 @@ from ..models import Sandbox
 log = logging.getLogger("forkyard.terminal")
 
 
-def _membership_for(user: Any, sandbox_id: str) -> Membership | None:
+def membership_for(user: Any, sandbox_id: str) -> Membership | None:
     """The user's membership in the team of the sandbox (the same answer for "absent" and "not yours")."""
     if not getattr(user, "is_authenticated", False):
         return None
@@ -36,22 +37,29 @@ def _membership_for(user: Any, sandbox_id: str) -> Membership | None:
     return Membership.objects.filter(team_id=team_id, user=user).first()
 
 
+async def session_member(scope: Mapping[str, object], sandbox_id: str) -> Membership | tuple[int, str, str]:
+    """The signed-in member of the sandbox's team, if allowed to run its sandboxes; else the refusal:
+    (HTTP status, code, message). The console's sockets (this terminal, ``live_view.py``) ask this."""
+    user = scope.get("user")
+    if not getattr(user, "is_authenticated", False):
+        return 401, "unauthorized", "sign in to the console first"
+    membership = await db(membership_for)(user, sandbox_id)
+    if membership is None:
+        return 404, "sandbox_not_found", f"no sandbox {sandbox_id[:80]!r}"
+    if not allows(membership.role, Action.RUN_SANDBOXES):
+        return 403, "forbidden", f"only members can {Action.RUN_SANDBOXES.value}"
+    return membership
+
+
 class TerminalConsumer(ProcessConsumer):
     async def connect(self) -> None:
         await self.accept()
-        user = self.scope.get("user")
-        if not getattr(user, "is_authenticated", False):
-            await self._refuse(401, "unauthorized", "sign in to the console first")
-            return
         route = self.scope["url_route"]["kwargs"]
-        membership = await db(_membership_for)(user, route["sandbox_id"])
-        if membership is None:
-            await self._refuse(404, "sandbox_not_found", f"no sandbox {route['sandbox_id'][:80]!r}")
+        member = await session_member(self.scope, route["sandbox_id"])
+        if not isinstance(member, Membership):
+            await self._refuse(*member)
             return
-        if not allows(membership.role, Action.RUN_SANDBOXES):
-            await self._refuse(403, "forbidden", f"only members can {Action.RUN_SANDBOXES.value}")
-            return
-        await self.attach(membership.team_id, route["sandbox_id"], int(route["pid"]), {"stdout_offset": 0, "stderr_offset": 0})
+        await self.attach(member.team_id, route["sandbox_id"], int(route["pid"]), {"stdout_offset": 0, "stderr_offset": 0})
 
     async def disconnect(self, code: int) -> None:
         await super().disconnect(code)

@@ -13,6 +13,8 @@ from __future__ import annotations
 import base64
 import io
 import json
+import re
+import struct
 import time
 import uuid
 from collections.abc import Iterator
@@ -24,6 +26,8 @@ import httpx
 import pytest
 from PIL import Image, ImageChops
 from playwright.sync_api import Browser, Page
+from websockets.exceptions import ConnectionClosed
+from websockets.sync.client import connect
 
 from forkyard import Client
 from tests.api.test_template_builds import build
@@ -263,13 +267,7 @@ def test_a_click_lands_where_asked_as_the_screenshots_show(stack: Stack, api: ht
 
 
 def test_the_live_view_loads_in_a_browser_and_shows_the_desktop(api: httpx.Client, chromium: Browser, machine: str):
-    # Something to see: a window (the X root alone is black).
-    started = api.post(f"/api/v1/sandboxes/{machine}/processes", json={"cmd": ["on-display", "xterm", "-geometry", "80x24+0+0"]})
-    assert started.status_code == 201, started.text
-    deadline = time.monotonic() + 20
-    while run(api, machine, "xdotool search --onlyvisible --class xterm")["exit_code"] != 0:
-        assert time.monotonic() < deadline, "xterm did not map its window"
-        time.sleep(0.2)
+    show_a_window(api, machine)
     view = api.post(f"/api/v1/sandboxes/{machine}/desktop/view", json={"mode": "view"})
     assert view.status_code == 201, view.text
     assert view.json()["port"] == 6081 and "view_only=1" in view.json()["url"]
@@ -288,16 +286,49 @@ def test_the_live_view_loads_in_a_browser_and_shows_the_desktop(api: httpx.Clien
 
 
 def test_the_sandbox_page_shows_its_desktop_live(stack: Stack, page: Page, api: httpx.Client, machine: str, running: str):
+    show_a_window(api, machine)
     sign_in(page, stack.teams[0])  # the team whose template the desktop is
     # A sandbox without a desktop: its page has no desktop panel (loaded after the page, and empty).
     page.goto(f"/sandboxes/{running}/")
     page.wait_for_selector("#desktop-panel", state="attached")
     assert page.locator("#desktop-panel").is_hidden()
     assert page.get_by_role("button", name="Watch live").count() == 0
-    # A desktop's page: watching opens noVNC, view-only, on the preview host, and the desktop is drawn.
+    # A desktop's page draws it on the page itself: noVNC from the console, over the console's socket.
     page.goto(f"/sandboxes/{machine}/")
+    page.get_by_role("button", name="Watch live").click()
+    page.wait_for_function(painted("#desktop-screen canvas"), timeout=30_000)
+    page.wait_for_selector("#desktop-screen[data-mode=view]")
+    assert api.get(f"/api/v1/sandboxes/{machine}/ports").json()["ports"] == [], "nothing is exposed for it"
+    # Watching sends nothing: the pointer over the screen is not the desktop's.
+    screen = page.locator("#desktop-screen canvas").bounding_box()
+    assert screen is not None and screen["width"] > 100, screen
+    at = {"x": int(1280 * 0.75), "y": int(800 * 0.75)}
+    assert api.get(f"/api/v1/sandboxes/{machine}/desktop").json()["cursor"] != at
+    page.mouse.move(screen["x"] + screen["width"] * 0.75, screen["y"] + screen["height"] * 0.75)
+    page.mouse.down()
+    page.mouse.up()
+    time.sleep(0.5)
+    assert api.get(f"/api/v1/sandboxes/{machine}/desktop").json()["cursor"] != at
+    # Taking control: the same pointer moves the desktop's, to the point under it on the scaled screen.
+    page.get_by_role("button", name="Take control").click()
+    page.wait_for_selector("#desktop-screen[data-mode=control]")
+    page.wait_for_function(painted("#desktop-screen canvas"), timeout=30_000)
+    screen = page.locator("#desktop-screen canvas").bounding_box()  # where it is now (the status line changed)
+    assert screen is not None
+    page.mouse.move(screen["x"] + screen["width"] * 0.75, screen["y"] + screen["height"] * 0.75 + 1)
+    page.mouse.move(screen["x"] + screen["width"] * 0.75, screen["y"] + screen["height"] * 0.75)
+    deadline = time.monotonic() + 10
+    while True:
+        cursor = api.get(f"/api/v1/sandboxes/{machine}/desktop").json()["cursor"]
+        if abs(cursor["x"] - at["x"]) <= 3 and abs(cursor["y"] - at["y"]) <= 3:
+            break
+        assert time.monotonic() < deadline, (cursor, at)
+        time.sleep(0.1)
+    page.get_by_role("button", name="Close the view").click()
+    page.wait_for_selector("#desktop-screen", state="hidden")
+    # A view in a tab of its own is still there: the signed noVNC page on the preview host.
     with page.context.expect_page() as opened:
-        page.get_by_role("button", name="Watch live").click()
+        page.get_by_role("button", name="Watch in a new tab").click()
     view = opened.value
     try:
         view.wait_for_url(lambda url: url.startswith("http://6081-"), wait_until="commit")  # the console's page, then noVNC's
@@ -307,13 +338,101 @@ def test_the_sandbox_page_shows_its_desktop_live(stack: Stack, page: Page, api: 
         view.close()
     ports = api.get(f"/api/v1/sandboxes/{machine}/ports").json()["ports"]
     assert [(row["port"], row["auth"]) for row in ports] == [(6081, "token")]
-    # Taking control opens the interactive view instead (its own port, 6080).
-    with page.context.expect_page() as opened:
-        page.get_by_role("button", name="Take control").click()
-    control = opened.value
-    try:
-        control.wait_for_url(lambda url: url.startswith("http://6080-"), wait_until="commit")
-        assert control.url.startswith("http://6080-") and "view_only" not in control.url, control.url
-    finally:
-        control.close()
-    assert {row["port"] for row in api.get(f"/api/v1/sandboxes/{machine}/ports").json()["ports"]} == {6080, 6081}
+
+
+def test_the_consoles_view_socket_relays_vnc_and_watching_drops_input(stack: Stack, api: httpx.Client, machine: str, team_b: Team):
+    """The page's socket is a VNC connection, signed in by the session; the view's server drops input itself."""
+    owner = session_cookie(stack, stack.teams[0])
+    start = api.get(f"/api/v1/sandboxes/{machine}/desktop").json()["cursor"]
+    target = (start["x"] + 101) % 1280, (start["y"] + 77) % 800
+    # A pointer event sent straight on the view's socket (no noVNC, no viewOnly flag) does not move the pointer...
+    with vnc_session(stack, owner, machine, "view") as (size, send):
+        assert size == (1280, 800)
+        send(struct.pack(">BBHH", 5, 0, *target))
+        time.sleep(0.5)
+    assert api.get(f"/api/v1/sandboxes/{machine}/desktop").json()["cursor"] == start
+    # ... and on the control socket it does.
+    with vnc_session(stack, owner, machine, "control") as (size, send):
+        send(struct.pack(">BBHH", 5, 0, *target))
+        deadline = time.monotonic() + 10
+        while api.get(f"/api/v1/sandboxes/{machine}/desktop").json()["cursor"] != {"x": target[0], "y": target[1]}:
+            assert time.monotonic() < deadline, api.get(f"/api/v1/sandboxes/{machine}/desktop").json()
+            time.sleep(0.1)
+    # Refused: without a session, from another team, and a mode that is not one.
+    assert refusal(stack, "", machine, "view") == (4401, "unauthorized")
+    assert refusal(stack, session_cookie(stack, team_b), machine, "view") == (4404, "sandbox_not_found")
+    assert refusal(stack, owner, machine, "anything") == (4400, "invalid_request")
+
+
+def show_a_window(api: httpx.Client, machine: str) -> None:
+    """An xterm at the top left: something to see (the X root alone is black)."""
+    started = api.post(f"/api/v1/sandboxes/{machine}/processes", json={"cmd": ["on-display", "xterm", "-geometry", "80x24+0+0"]})
+    assert started.status_code == 201, started.text
+    deadline = time.monotonic() + 20
+    while run(api, machine, "xdotool search --onlyvisible --class xterm")["exit_code"] != 0:
+        assert time.monotonic() < deadline, "xterm did not map its window"
+        time.sleep(0.2)
+
+
+def painted(selector: str) -> str:
+    """A page function: the canvas at ``selector`` is at the desktop's size and has pixels drawn."""
+    return PAINTED.replace("'#noVNC_container canvas, canvas'", json.dumps(selector))
+
+
+def session_cookie(stack: Stack, team: Team) -> str:
+    """The console's session of ``team``'s user, signed in through the login form: a Cookie header."""
+    with httpx.Client(base_url=stack.url) as browser:
+        form = browser.get("/login/")
+        token = re.search(r'name="csrfmiddlewaretoken" value="([^"]+)"', form.text)
+        assert token is not None, form.text[:200]
+        answer = browser.post(
+            "/login/",
+            data={"username": team.username, "password": team.password, "csrfmiddlewaretoken": token.group(1)},
+            headers={"Referer": f"{stack.url}/login/"},
+        )
+        assert answer.status_code == 302 and "sessionid" in browser.cookies, answer.status_code
+        return "; ".join(f"{name}={value}" for name, value in browser.cookies.items())
+
+
+def _socket(stack: Stack, cookie: str, sandbox_id: str, mode: str) -> Any:
+    headers = {"Origin": stack.url, **({"Cookie": cookie} if cookie else {})}
+    return connect(f"ws://127.0.0.1:{stack.ws_port}/ws/desktop/{sandbox_id}/{mode}/", additional_headers=headers, open_timeout=10)
+
+
+@contextmanager
+def vnc_session(stack: Stack, cookie: str, sandbox_id: str, mode: str) -> Iterator[tuple[tuple[int, int], Any]]:
+    """A VNC client on the console's view socket, past the handshake (RFC 6143, no authentication):
+    (the screen's size, a function that sends a client message)."""
+    with _socket(stack, cookie, sandbox_id, mode) as socket:
+        pending = bytearray()
+
+        def read(count: int) -> bytes:
+            while len(pending) < count:
+                message = socket.recv(timeout=10)
+                assert isinstance(message, bytes), message
+                pending.extend(message)
+            taken = bytes(pending[:count])
+            del pending[:count]
+            return taken
+
+        assert read(12).startswith(b"RFB 003.")
+        socket.send(b"RFB 003.008\n")
+        offered = read(read(1)[0])
+        assert 1 in offered, offered  # None: the VNC servers listen on the sandbox's loopback only, without a password
+        socket.send(bytes([1]))
+        assert read(4) == b"\0\0\0\0", "security handshake failed"
+        socket.send(bytes([1]))  # ClientInit: share the desktop
+        width, height = struct.unpack(">HH", read(4))
+        read(16)  # the pixel format
+        read(struct.unpack(">I", read(4))[0])  # the desktop's name
+        yield (width, height), socket.send
+
+
+def refusal(stack: Stack, cookie: str, sandbox_id: str, mode: str) -> tuple[int, str]:
+    """(close code, error code) of a refused view socket."""
+    with _socket(stack, cookie, sandbox_id, mode) as socket:
+        error = json.loads(socket.recv(timeout=10))
+        with pytest.raises(ConnectionClosed) as closed:
+            socket.recv(timeout=10)
+    assert closed.value.rcvd is not None
+    return closed.value.rcvd.code, error["code"]
