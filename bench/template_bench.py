@@ -15,8 +15,8 @@ archive). Measured in one run, on the real stack (web server, worker, engine):
   answering), p50 over samples, beside the same from ``base``;
 * the peer: ``podman build`` of a Containerfile with the same steps from the same root filesystem,
   cold (``--no-cache``) and cached;
-* the shipped environments (sandboxes/environments/python.json and node.json) built as written, cold
-  and cached, on the bootstrap's Debian, their ``apt`` step served by the local copy of Debian's archive
+* the shipped environments (sandboxes/environments/python.json, node.json and desktop.json) built as
+  written, cold and cached, on the bootstrap's Debian, their ``apt`` step served by the local copy of Debian's archive
   that the tests use (tests/support/debian_archive.py) as ``deb.debian.org`` from a namespace of the
   benchmark's own; beside ``podman build`` of the same steps from the same Debian, its ``RUN`` steps in
   that namespace (``--network ns:``) so that both fetch from the same server.
@@ -132,7 +132,7 @@ def podman_builds(command: list[str], image: str, base: str) -> dict[str, Any]:
         subprocess.run(["podman", "rmi", "-f", image, base], capture_output=True)
 
 
-SHIPPED = ("python", "node")
+SHIPPED = ("python", "node", "desktop")
 
 
 def shipped(api: Any, stack: Stack, work: Path, peers: bool) -> dict[str, Any]:
@@ -169,7 +169,9 @@ def podman_shipped(work: Path, body: dict[str, Any], namespace_name: str, addres
         subprocess.run(["tar", "-C", str(DEBIAN), "-cf", str(tarball), "."], check=True)
     subprocess.run(["podman", "import", str(tarball), base], check=True, capture_output=True)
     lines = [f"FROM {base}"]
-    for step in body["steps"]:
+    context = work / f"context-{body['name']}"
+    context.mkdir()
+    for number, step in enumerate(body["steps"]):
         if "apt" in step:
             # As a Containerfile's author writes it; the build step runs the same (worker/template_builds.APT).
             packages = " ".join(step["apt"])
@@ -185,8 +187,9 @@ def podman_shipped(work: Path, body: dict[str, Any], namespace_name: str, addres
             lines.append(f"WORKDIR {step['workdir']}")
         elif "user" in step:
             lines.append(f"USER {step['user']}")
-    context = work / f"context-{body['name']}"
-    context.mkdir()
+        elif "file" in step:
+            (context / f"file-{number}").write_text(step["file"]["content"])
+            lines.append(f"COPY --chmod={step['file'].get('mode', 0o644):o} file-{number} {step['file']['path']}")
     (context / "Containerfile").write_text("\n".join(lines) + "\n")
     network = ["--network", f"ns:/run/netns/{namespace_name}", "--add-host", f"deb.debian.org:{address}"]
     return podman_builds([*PODMAN, "build", "-q", *network, "-t", image, str(context)], image, base)

@@ -1,5 +1,6 @@
-"""The shipped environments (sandboxes/environments/python.json and node.json) built from their specs
-as written, through the API: the ``apt`` step included, under the team's ``package-indexes`` policy.
+"""The shipped environments (sandboxes/environments/python.json, node.json and, marked ``cold``,
+desktop.json) built from their specs as written, through the API: the ``apt`` step included, under the
+team's ``package-indexes`` policy.
 
 Debian's archive is the part of it these specs install, fetched by ``scripts/bootstrap`` once per machine
 (tests/support/debian_archive.py: Debian's own signed index, checked by apt in the build sandbox), served
@@ -183,3 +184,26 @@ def test_an_npm_step_installs_from_the_registry_its_policy_allows(api: httpx.Cli
     assert _run(api, body["name"], "fytiny; which fytiny") == [NPM_VALUE, "/usr/local/bin/fytiny"]
     assert api.delete(f"/api/v1/templates/{body['name']}").status_code == 200
     api.delete(f"/api/v1/network-policies/{policy.json()['id']}")
+
+
+@pytest.mark.cold
+def test_the_desktop_is_built_from_its_spec_and_answers_a_screenshot(api: httpx.Client, archive: str, debian: str):
+    """The desktop's ~500 packages (Chromium, Xvfb, VNC, noVNC) from the archive, as written: a cold build
+    of minutes, so not in the default run (``scripts/test -m cold``); the desktop tests build the same
+    spec's later steps on the bootstrap's Debian with those packages (tests/browser/test_desktop.py)."""
+    body = _shipped("desktop")
+    _built_and_cached(api, body)
+    made = api.post("/api/v1/sandboxes", json={"template": body["name"], "size": "default", "ttl_s": 300, "wait": True})
+    assert made.status_code in (200, 201) and made.json()["state"] == "running", made.text
+    try:
+        shot = api.post(f"/api/v1/sandboxes/{made.json()['id']}/desktop/screenshot", json={"scale": 0.5})
+        assert shot.status_code == 200, shot.text
+        assert (shot.json()["width"], shot.json()["height"], shot.json()["screen"]) == (640, 400, {"width": 1280, "height": 800})
+        ran = api.post(
+            f"/api/v1/sandboxes/{made.json()['id']}/exec",
+            json={"cmd": "chromium --version | cut -d' ' -f1; xdotool version | cut -d' ' -f1", "timeout_s": 60},
+        ).json()
+        assert ran["exit_code"] == 0 and ran["stdout"].splitlines() == ["Chromium", "xdotool"], ran
+    finally:
+        api.delete(f"/api/v1/sandboxes/{made.json()['id']}")
+    api.delete(f"/api/v1/templates/{body['name']}")

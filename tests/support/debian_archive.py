@@ -17,6 +17,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -40,8 +41,10 @@ def spec_packages(names: Iterable[str]) -> list[str]:
     return packages
 
 
-def build(base: Path, target: Path, packages: list[str]) -> None:
-    """The archive at ``target`` (replaced), holding ``packages`` and what they depend on beyond ``base``."""
+def build(base: Path, target: Path, groups: list[list[str]]) -> None:
+    """The archive at ``target`` (replaced), holding each group of packages and what it depends on beyond
+    ``base``. Each group (a spec's packages) is resolved on its own, as its build will resolve it: together,
+    one group's package can satisfy another's "a | b" dependency with the one that group would not pick."""
     with tempfile.TemporaryDirectory(prefix="fy-archive-", dir=target.parent) as work:
         root = Path(work) / "root"
         subprocess.run(["cp", "-a", str(base), str(root)], check=True)
@@ -50,9 +53,10 @@ def build(base: Path, target: Path, packages: list[str]) -> None:
         shutil.copyfile("/etc/resolv.conf", resolv)
         subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
         try:
-            script = 'apt-get update -q && apt-get install -y -q --download-only --no-install-recommends "$@"'
-            command = ["chroot", str(root), "/usr/bin/env", "DEBIAN_FRONTEND=noninteractive", "sh", "-c", script, "apt"]
-            done = subprocess.run([*command, *packages], capture_output=True, text=True)
+            fetch = "apt-get install -y -q --download-only --no-install-recommends"
+            script = " && ".join(["apt-get update -q", *(f"{fetch} {shlex.join(group)}" for group in groups)])
+            command = ["chroot", str(root), "/usr/bin/env", "DEBIAN_FRONTEND=noninteractive", "sh", "-c", script]
+            done = subprocess.run(command, capture_output=True, text=True)
         finally:
             subprocess.run(["umount", str(root / "proc")], check=False)
         if done.returncode != 0:
@@ -124,16 +128,18 @@ def main() -> None:
     """``python -m tests.support.debian_archive BASE [SPEC...]``: the archive of those specs' packages,
     made again only when the packages they name changed."""
     base, *names = sys.argv[1:]
-    packages = spec_packages(names or ["python", "node"])
-    wanted = "".join(f"{package}\n" for package in packages)
+    names = names or ["python", "node"]
+    groups = [spec_packages([name]) for name in names]
+    packages = [package for group in groups for package in group]
+    wanted = "".join(f"{name}: {' '.join(group)}\n" for name, group in zip(names, groups, strict=True))
     listed = ARCHIVE / "packages"
     if listed.exists() and listed.read_text() == wanted:
         return  # made before, for the specs as they are
     ARCHIVE.parent.mkdir(parents=True, exist_ok=True)
-    build(Path(base), ARCHIVE, packages)
+    build(Path(base), ARCHIVE, groups)
     listed.write_text(wanted)
     count = sum(1 for _ in ARCHIVE.rglob("*.deb"))
-    print(f"debian archive: {count} packages for {', '.join(packages)} at {ARCHIVE}")
+    print(f"debian archive: {count} packages for {', '.join(dict.fromkeys(packages))} at {ARCHIVE}")
 
 
 if __name__ == "__main__":
