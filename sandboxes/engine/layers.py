@@ -157,7 +157,8 @@ class LayerCopy:
         self.shift = shift
         self.source_shift = source_shift or shift
         self.max_bytes = max_bytes
-        self.entries: dict[str, _Entry] = {}
+        self.entries: dict[str, _Entry] = {}  # changed through _put and _drop only: they keep the total
+        self._total_bytes = 0
         self.progress = progress or (lambda _event: None)
         self._pass_started_ns = 0
         self._last_pass_started_ns = 0
@@ -166,7 +167,7 @@ class LayerCopy:
 
     @property
     def total_bytes(self) -> int:
-        return sum(entry.size for entry in self.entries.values())
+        return self._total_bytes  # kept as entries change: asked before every file's copy (a sum was O(files))
 
     @property
     def files(self) -> int:
@@ -184,9 +185,17 @@ class LayerCopy:
         self._copy_metadata(source_fd, dest_fd, os.fstat(source_fd))
         self._sync_directory(source_fd, dest_fd, "", 0)
         for gone in self.entries.keys() - self._seen:
-            del self.entries[gone]
+            self._drop(gone)
         self._stats.seconds = time.monotonic() - started
         return self._stats
+
+    def _put(self, path: str, entry: _Entry) -> None:
+        previous = self.entries.get(path)
+        self._total_bytes += entry.size - (previous.size if previous else 0)
+        self.entries[path] = entry
+
+    def _drop(self, path: str) -> None:
+        self._total_bytes -= self.entries.pop(path).size
 
     # --- the walk ----------------------------------------------------------------------
 
@@ -253,7 +262,7 @@ class LayerCopy:
         self._set_owner_and_times(dest_fd, name, info, symlink=kind == "l")
         if kind == "p":
             os.chmod(name, stat.S_IMODE(info.st_mode), dir_fd=dest_fd)
-        self.entries[path] = _Entry(_signature(info), _line(path, kind, info, self.source_shift, content, []))
+        self._put(path, _Entry(_signature(info), _line(path, kind, info, self.source_shift, content, [])))
 
     def _sync_subdirectory(self, source_fd: int, dest_fd: int, name: str, path: str, info: os.stat_result, depth: int) -> None:
         try:
@@ -282,7 +291,7 @@ class LayerCopy:
                 xattrs = self._copy_metadata(child, copy, info)
             finally:
                 os.close(copy)
-            self.entries[path] = _Entry(_signature(info), _line(path, "d", info, self.source_shift, "", xattrs))
+            self._put(path, _Entry(_signature(info), _line(path, "d", info, self.source_shift, "", xattrs)))
         finally:
             os.close(child)
 
@@ -325,7 +334,7 @@ class LayerCopy:
         self._stats.copied_bytes += copied
         # The listing says what the copy holds: the size read, not the size listed.
         line = _line(path, "f", info, self.source_shift, content.hexdigest(), xattrs, size=copied)
-        self.entries[path] = _Entry(_signature(info), line, copied)
+        self._put(path, _Entry(_signature(info), line, copied))
         if self._stats.copied_files % 500 == 0:
             self.progress({"phase": "copy", "files": self._stats.copied_files, "bytes": self._stats.copied_bytes})
         return True
