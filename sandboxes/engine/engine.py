@@ -289,6 +289,8 @@ class Engine:
         if remade := rootfs.prepare_dev(str(config.state_dir / "dev")):
             log.info("made %d entries of %s", remade, config.state_dir / "dev")
         rootfs.prepare_empty(str(config.mount_dir / "empty"))
+        if rootfs.prepare_sys(str(config.state_dir / "sys")):  # every sandbox's /sys is a bind of it
+            log.info("mounted %s: a sysfs of no network device", config.state_dir / "sys")
         if config.init_binary == BUILD_DIR / "forkyard-init":
             build_init()  # a no-op unless init.c changed
         elif not config.init_binary.exists():
@@ -1100,6 +1102,7 @@ class Engine:
                     "root_dir": str(self.config.mount_dir / "root"),
                     "disk_bytes": record.disk_bytes,
                     "dev_dir": str(self.config.state_dir / "dev"),
+                    "sys_dir": str(self.config.state_dir / "sys"),
                     "empty_dir": str(self.config.mount_dir / "empty"),
                     "disk_dir": str(self.disks.path(record.id)) if record.disk_volume else "",
                     **self._hosts_file(record.layers),

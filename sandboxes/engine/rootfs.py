@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import os
 import stat
+import subprocess
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
@@ -220,6 +221,9 @@ class RootfsSpec(NamedTuple):
     # Its disk (disks.py): a host directory of its own (a btrfs subvolume with a quota, owned by its root)
     # that takes the scratch tmpfs's place; "": the tmpfs, sized disk_bytes.
     disk_dir: str = ""
+    # The host's one sysfs of a network namespace that is gone (prepare_sys), bound read-only as /sys; "": a
+    # sysfs of the sandbox's own.
+    sys_dir: str = ""
 
 
 class Step(NamedTuple):
@@ -395,6 +399,40 @@ def prepare_empty(directory: str) -> None:
         raise OSError(f"{directory} must be empty: it is bound over hidden directories in every sandbox")
 
 
+SYS_SOURCE = "forkyard-sys"  # the shared sysfs's name in the mount table
+
+
+def prepare_sys(directory: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
+    """Mount the sysfs that every sandbox's /sys is a bind of, once (engine start, as root); True if
+    it was mounted now, False if it was there (a restart).
+
+    A sysfs shows the network devices of the network namespace that mounted it, so each sandbox used
+    to mount its own: a superblock per sandbox, which the kernel finds by walking every sysfs
+    superblock on the host (``kernfs_test_super``: a quarter of the machine's CPU while a fleet grew
+    from 8,192 to 16,384, docs/benchmarks.md), and which costs every memory cgroup a shrinker slot.
+    This one is mounted read-only from a network namespace made for it (``unshare --net``), which
+    ends with the command, its loopback with it: a sandbox's ``/sys/class/net`` is empty, never the
+    host's devices nor its own ``eth0`` (``ip`` and ``/proc/net`` show those: netlink and procfs
+    follow the sandbox's namespace); everything else in sysfs is the same whichever namespace
+    mounts it.  Binds cost no superblock.
+    """
+    os.makedirs(directory, 0o755, exist_ok=True)
+    for line in open(mountinfo).read().splitlines():
+        fields = line.split()
+        if fields[4] != directory:
+            continue
+        fstype, source = line.split(" - ")[1].split()[:2]
+        if fstype == "sysfs" and source == SYS_SOURCE:
+            return False
+        # Something else on our mount point (another sysfs would show its namespace's devices).
+        subprocess.run(["umount", "--lazy", directory], check=True, capture_output=True)
+    options = "ro,nosuid,nodev,noexec"
+    subprocess.run(
+        ["unshare", "--net", "--", "mount", "-t", "sysfs", "-o", options, SYS_SOURCE, directory], check=True, capture_output=True
+    )
+    return True
+
+
 def layer_paths(spec: RootfsSpec) -> tuple[str, ...]:
     """The host paths of the layers, topmost first: what the zygote opens."""
     return tuple(os.path.join(spec.layers_dir, name) for name in spec.lower)
@@ -460,7 +498,11 @@ def plan(spec: RootfsSpec) -> tuple[Step, ...]:
         Step("mount", spec.root_dir, source="overlay", fstype="overlay", data=overlay_options(spec, upper, work)),
         Step("enter-root", spec.root_dir),
         _mount_on("proc", "proc", "proc", LOCKED),
-        _mount_on("sys", "sysfs", "sysfs", MS_RDONLY | LOCKED),
+        (
+            Step("bind-remount", "sys", source=spec.sys_dir, flags=MS_REMOUNT | MS_BIND | MS_RDONLY | LOCKED, mode=0o755, missing="create")
+            if spec.sys_dir
+            else _mount_on("sys", "sysfs", "sysfs", MS_RDONLY | LOCKED)
+        ),
         _mount_on("dev", spec.dev_dir, "", MS_BIND),
         _mount_on("pts", "devpts", "devpts", MS_NOSUID | MS_NOEXEC, "newinstance,ptmxmode=0666,mode=0620,gid=5", "dev"),
         Step("bind-remount", "shm", "dev", shared_memory, flags=MS_REMOUNT | MS_BIND | LOCKED),

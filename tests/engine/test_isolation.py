@@ -160,6 +160,26 @@ def test_sys_is_read_only(probed):
     assert inside(probed, "write", "/sys/fs/cgroup/release_agent", "/evil") in {"EROFS", "EACCES", "ENOENT"}
 
 
+def test_sys_is_one_shared_sysfs_of_an_empty_network_namespace(probed, engine_process):
+    """Every sandbox's /sys is a bind of the engine's one sysfs (no superblock a sandbox), read-only,
+    and shows no network device at all: the namespace that mounted it ended with the mount."""
+    client, sandbox = probed
+    shared = engine_process.config.state_dir / "sys"
+    other = client.create(template="base", size="tiny", ttl_s=300)["id"]
+    try:
+        devices = {client.exec(name, "stat -c %d /sys").stdout.decode().strip() for name in (sandbox, other)}
+        assert devices == {str(os.stat(shared).st_dev)}, "both /sys are the engine's sysfs superblock"
+        assert client.exec(sandbox, "ls /sys/class/net").stdout.decode().split() == []
+        assert len(os.listdir("/sys/class/net")) > 1, "the host has devices of its own to hide"
+        mounts = client.exec(sandbox, "cat /proc/self/mountinfo").stdout.decode().splitlines()
+        sys_mount = next(line for line in mounts if line.split()[4] == "/sys")
+        assert "ro" in sys_mount.split()[5].split(",") and sys_mount.split(" - ")[1].split()[0] == "sysfs", sys_mount
+        writable = next(path for path in ("/sys/kernel/mm/transparent_hugepage/enabled", "/sys/power/state") if os.path.exists(path))
+        assert inside(probed, "write", writable, "never") == "EROFS"
+    finally:
+        client.destroy(other)
+
+
 def test_host_kernel_interfaces_are_masked(probed):
     for path in ("/proc/kcore", "/proc/timer_list", "/proc/kmsg", "/proc/sched_debug"):
         assert inside(probed, "read_first_byte", path) in {"EMPTY", "ENOENT", "EACCES", "EPERM"}, path
@@ -299,8 +319,9 @@ def test_network_is_loopback_only_and_host_ports_are_unreachable(probed, probe_b
     try:
         assert on_host(probe_binary, "connect", f"127.0.0.1:{port}") == "OK"
         assert inside(probed, "connect", f"127.0.0.1:{port}") == "ECONNREFUSED"
-        interfaces = probed[0].exec(probed[1], "ls /sys/class/net").stdout.decode().split()
-        assert interfaces == ["lo"]
+        # The sandbox's own network namespace, as procfs shows it (its /sys is the host's shared sysfs).
+        devices = probed[0].exec(probed[1], "tail -n +3 /proc/net/dev").stdout.decode().splitlines()
+        assert [line.split(":")[0].strip() for line in devices] == ["lo"]
         # No route anywhere else: the metadata address is unreachable.
         assert inside(probed, "connect", "169.254.169.254:80") in {"ENETUNREACH", "EHOSTUNREACH"}
     finally:

@@ -175,6 +175,17 @@ def test_shared_memory_is_a_directory_of_the_scratch_not_a_filesystem_of_its_own
     assert filesystems == ["tmpfs", "overlay", "proc", "sysfs", "devpts", "mqueue"]
 
 
+def test_sys_is_the_hosts_shared_sysfs_bound_read_only_when_the_engine_has_one():
+    # The engine's (prepare_sys): no sysfs superblock per sandbox, and none for the kernel to look through.
+    steps = rootfs.plan(SPEC._replace(sys_dir="/state/sys"))
+    sys = {_where(step): step for step in steps}["/sys"]
+    assert (sys.op, sys.source, sys.fstype, sys.missing) == ("bind-remount", "/state/sys", "", "create")
+    assert sys.flags == MS_REMOUNT | MS_BIND | MS_RDONLY | rootfs.LOCKED
+    assert [step.fstype for step in steps if step.op == "mount" and step.fstype] == ["tmpfs", "overlay", "proc", "devpts", "mqueue"]
+    # What is masked in it is masked in the bind, as in a sysfs of its own.
+    assert [_where(step) for step in steps if step.within == "sys"] == ["/sys/kernel/vmcoreinfo", "/sys/firmware"]
+
+
 # --- the sandbox's /etc/hosts ----------------------------------------------------------
 
 HOSTS = "127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n"
