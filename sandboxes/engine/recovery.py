@@ -240,6 +240,13 @@ def reconcile(
         # start the layers' own nosuid,nodev mount is made before this runs,
         # and kept: statedir.py.)
         report.mounts_removed += statedir.detach_layers(config, kernel)
+        # Nor bind the sandboxes' shared sysfs (rootfs.prepare_sys).
+        for mount_point in _host_mounts_under(str(config.state_dir / "sys"), proc_dir):
+            try:
+                kernel.umount(mount_point, MNT_DETACH)
+                report.mounts_removed += 1
+            except KernelError as error:
+                log.warning("could not detach %s: %s", mount_point, error)
 
     if is_btrfs(config.disks_dir):
         disks = Disks(config, kernel)

@@ -55,6 +55,24 @@ def test_sigkill_and_restart_adopts_running_and_paused_sandboxes(own_engine: Eng
         assert client.list() == []
 
 
+def test_the_shared_sysfs_is_mounted_once_kept_across_restarts_and_gone_at_reclaim(own_engine: EngineProcess):
+    shared = str(own_engine.config.state_dir / "sys")
+
+    def mounted() -> int:
+        return sum(1 for line in Path("/proc/self/mountinfo").read_text().splitlines() if line.split()[4] == shared)
+
+    assert mounted() == 1
+    own_engine.kill()
+    own_engine.start()
+    assert mounted() == 1, "a restart binds the sysfs it finds, and mounts no other"
+    with own_engine.client() as client:
+        sandbox = client.create(template="base", size="tiny", ttl_s=600)["id"]
+        assert client.exec(sandbox, "ls /sys/kernel >/dev/null && echo ok").stdout == b"ok\n"
+        client.destroy(sandbox)
+    own_engine.reclaim()
+    assert mounted() == 0
+
+
 HTTPD = {"name": "web", "command": "httpd -f -p 8080 -h /srv", "ready": {"tcp": 8080}}
 
 
