@@ -806,6 +806,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "ports": ports,
     "scale": scale,
     "scale-grouped": lambda: scale("scale-grouped"),
+    # The same engine before and after sandboxes bound one shared sysfs (docs/benchmarks.md, Scale).
+    "scale-sysfs": lambda: scale("scale-before-sysfs") + "\n\n" + scale("scale-sysfs-shared"),
     "inference": inference,
     "template": template,
     "desktop": desktop,

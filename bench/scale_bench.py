@@ -28,7 +28,8 @@ sandbox between the modes is the term's share.
 A count the host cannot hold stops that mode's curve: the step that failed
 (a create refused, the kernel's memory near the host's) is reported, with
 the counts before it. Needs ``kernel.pid_max`` above the largest count.
-Writes bench/results/scale-latest.json (``--modes grouped``: scale-grouped-latest.json).
+Writes bench/results/scale-latest.json (``--modes grouped``: scale-grouped-latest.json; ``--name N``:
+scale-N-latest.json).
 """
 
 from __future__ import annotations
@@ -175,6 +176,7 @@ def main() -> int:
     parser.add_argument("--group-size", type=int, default=64)
     parser.add_argument("--modes", default="own,grouped")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--name", default="", help="the results file's name: scale-<name>-latest.json")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("run as root: the benchmark makes real sandboxes", file=sys.stderr)
@@ -213,7 +215,8 @@ def main() -> int:
         report["square_term"] = shares
     # A run of some modes only is kept beside the full one (scale-grouped-latest.json, say), not over it.
     modes = "" if args.modes == "own,grouped" else "-" + args.modes.replace(",", "-")
-    write_report(f"scale{modes}{'-quick' if args.quick else ''}-latest.json", report)
+    name = f"-{args.name}" if args.name else modes
+    write_report(f"scale{name}{'-quick' if args.quick else ''}-latest.json", report)
     return 0
 
 
