@@ -262,6 +262,7 @@ class Engine:
         self.processes = processes.Processes(  # background processes and terminals (processes.py)
             str(config.proc_dir), self._end_process_cgroup, self._kill_process_cgroup, self._process_cgroup_pids
         )
+        self.sys_dir = ""  # the sandboxes' shared sysfs once start() has it (rootfs.prepare_sys); "": one each
         self.model_servers = ModelServers(  # dedicated endpoints' servers, host processes (model_servers.py)
             config.state_dir,
             config.model_server_host,
@@ -289,8 +290,13 @@ class Engine:
         if remade := rootfs.prepare_dev(str(config.state_dir / "dev")):
             log.info("made %d entries of %s", remade, config.state_dir / "dev")
         rootfs.prepare_empty(str(config.mount_dir / "empty"))
-        if rootfs.prepare_sys(str(config.state_dir / "sys")):  # every sandbox's /sys is a bind of it
-            log.info("mounted %s: a sysfs of no network device", config.state_dir / "sys")
+        try:  # every sandbox's /sys is a bind of it
+            if rootfs.prepare_sys(str(config.state_dir / "sys")):
+                log.info("mounted %s: a sysfs of no network device", config.state_dir / "sys")
+            self.sys_dir = str(config.state_dir / "sys")
+        except OSError as error:
+            log.warning("%s: each sandbox mounts a sysfs of its own", error)
+            self.sys_dir = ""
         if config.init_binary == BUILD_DIR / "forkyard-init":
             build_init()  # a no-op unless init.c changed
         elif not config.init_binary.exists():
@@ -1102,7 +1108,7 @@ class Engine:
                     "root_dir": str(self.config.mount_dir / "root"),
                     "disk_bytes": record.disk_bytes,
                     "dev_dir": str(self.config.state_dir / "dev"),
-                    "sys_dir": str(self.config.state_dir / "sys"),
+                    "sys_dir": self.sys_dir,
                     "empty_dir": str(self.config.mount_dir / "empty"),
                     "disk_dir": str(self.disks.path(record.id)) if record.disk_volume else "",
                     **self._hosts_file(record.layers),

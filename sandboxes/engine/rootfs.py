@@ -404,7 +404,8 @@ SYS_SOURCE = "forkyard-sys"  # the shared sysfs's name in the mount table
 
 def prepare_sys(directory: str, mountinfo: str = "/proc/self/mountinfo") -> bool:
     """Mount the sysfs that every sandbox's /sys is a bind of, once (engine start, as root); True if
-    it was mounted now, False if it was there (a restart).
+    it was mounted now, False if it was there (a restart); OSError if it cannot be (no ``unshare``,
+    say: the engine then gives each sandbox a sysfs of its own, as before).
 
     A sysfs shows the network devices of the network namespace that mounted it, so each sandbox used
     to mount its own: a superblock per sandbox, which the kernel finds by walking every sysfs
@@ -417,19 +418,21 @@ def prepare_sys(directory: str, mountinfo: str = "/proc/self/mountinfo") -> bool
     mounts it.  Binds cost no superblock.
     """
     os.makedirs(directory, 0o755, exist_ok=True)
-    for line in open(mountinfo).read().splitlines():
-        fields = line.split()
-        if fields[4] != directory:
-            continue
-        fstype, source = line.split(" - ")[1].split()[:2]
-        if fstype == "sysfs" and source == SYS_SOURCE:
-            return False
-        # Something else on our mount point (another sysfs would show its namespace's devices).
-        subprocess.run(["umount", "--lazy", directory], check=True, capture_output=True)
-    options = "ro,nosuid,nodev,noexec"
-    subprocess.run(
-        ["unshare", "--net", "--", "mount", "-t", "sysfs", "-o", options, SYS_SOURCE, directory], check=True, capture_output=True
-    )
+    target = os.path.realpath(directory)  # as the mount table names it
+    try:
+        for line in open(mountinfo).read().splitlines():
+            if line.split()[4].replace("\\040", " ") != target:
+                continue
+            fstype, source = line.split(" - ")[1].split()[:2]
+            if fstype == "sysfs" and source == SYS_SOURCE:
+                return False
+            # Something else on our mount point (another sysfs would show its namespace's devices).
+            subprocess.run(["umount", "--lazy", target], check=True, capture_output=True, text=True)
+        options = "ro,nosuid,nodev,noexec"
+        command = ["unshare", "--net", "--", "mount", "-t", "sysfs", "-o", options, SYS_SOURCE, target]
+        subprocess.run(command, check=True, capture_output=True, text=True)
+    except subprocess.CalledProcessError as error:
+        raise OSError(f"could not mount the sandboxes' shared sysfs on {target}: {(error.stderr or '').strip()}") from error
     return True
 
 

@@ -304,3 +304,14 @@ def test_a_resolv_conf_needs_the_hosts_layer_it_is_written_into() -> None:
     assert SpawnSpec({**raw, "rootfs": rootfs_spec}).resolv == ""
     with pytest.raises(ValueError, match="beside the hosts file"):
         SpawnSpec({**raw, "rootfs": rootfs_spec, "resolv": resolv})
+
+
+def test_the_shared_sysfs_found_mounted_is_kept_and_a_failure_to_mount_is_an_oserror(tmp_path: Path, monkeypatch):
+    directory = tmp_path / "sys"
+    table = tmp_path / "mountinfo"
+    table.write_text(f"74 27 0:69 / {os.path.realpath(tmp_path)}/sys ro,nosuid,nodev,noexec - sysfs {rootfs.SYS_SOURCE} ro\n")
+    assert rootfs.prepare_sys(str(directory), str(table)) is False  # a restart: nothing is run
+    table.write_text("")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))  # no unshare, no mount
+    with pytest.raises(OSError):  # which the engine takes for "a sysfs each" (engine.start)
+        rootfs.prepare_sys(str(directory), str(table))
