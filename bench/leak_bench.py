@@ -173,7 +173,10 @@ def host_references(engine: EngineProcess) -> dict[str, int]:
 def state_dir_usage(state_dir: Path) -> dict[str, int]:
     """Files and bytes of the engine's state directory: its record and logs apart from the rest."""
     usage = {"state_files": 0, "state_bytes": 0, "record_bytes": 0, "log_bytes": 0}
-    for root, _, files in os.walk(state_dir):
+    shared_sys = str(state_dir / "sys")  # the sandboxes' one sysfs (rootfs.prepare_sys): the kernel's, not state
+    for root, directories, files in os.walk(state_dir):
+        if root == str(state_dir) and os.path.ismount(shared_sys):
+            directories[:] = [name for name in directories if name != "sys"]
         for name in files:
             try:
                 size = os.lstat(os.path.join(root, name)).st_size
