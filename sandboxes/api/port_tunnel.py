@@ -54,12 +54,18 @@ class PortTunnelConsumer(AsyncWebsocketConsumer):
             await self._refuse(4404 if refused.code.endswith("not_found") else 4403, refused.code, refused.message)
             return
         route = self.scope["url_route"]["kwargs"]
+        sandbox = await self.started_sandbox(key.team_id, route["sandbox_id"])
+        if sandbox is not None:
+            await self.relay(sandbox, int(route["port"]))
+
+    async def started_sandbox(self, team_id: str, sandbox_id: str) -> Sandbox | None:
+        """The team's sandbox, running or paused; None once refused (4404 not found, 4409 not started)."""
         try:
-            sandbox = await db(selectors.started_sandbox_for)(key.team_id, route["sandbox_id"])
+            sandbox: Sandbox = await db(selectors.started_sandbox_for)(team_id, sandbox_id)
         except Refused as error:
             await self._refuse(4404 if error.code.endswith("not_found") else 4409, error.code, error.message)
-            return
-        await self.relay(sandbox, int(route["port"]))
+            return None
+        return sandbox
 
     async def relay(self, sandbox: Sandbox, port: int) -> None:
         """Carry one TCP connection to ``port`` in the started ``sandbox`` both ways; refuse if none opens."""

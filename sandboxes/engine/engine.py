@@ -290,13 +290,13 @@ class Engine:
         if remade := rootfs.prepare_dev(str(config.state_dir / "dev")):
             log.info("made %d entries of %s", remade, config.state_dir / "dev")
         rootfs.prepare_empty(str(config.mount_dir / "empty"))
+        shared_sys = str(config.state_dir / "sys")
         try:  # every sandbox's /sys is a bind of it
-            if rootfs.prepare_sys(str(config.state_dir / "sys")):
-                log.info("mounted %s: a sysfs of no network device", config.state_dir / "sys")
-            self.sys_dir = str(config.state_dir / "sys")
+            if rootfs.prepare_sys(shared_sys):
+                log.info("mounted %s: a sysfs of no network device", shared_sys)
+            self.sys_dir = shared_sys
         except OSError as error:
-            log.warning("%s: each sandbox mounts a sysfs of its own", error)
-            self.sys_dir = ""
+            log.warning("%s: each sandbox mounts a sysfs of its own", error)  # self.sys_dir stays ""
         if config.init_binary == BUILD_DIR / "forkyard-init":
             build_init()  # a no-op unless init.c changed
         elif not config.init_binary.exists():

@@ -128,6 +128,18 @@ def kill_init(record: SandboxRecord, kernel: Kernel, proc_dir: str = "/proc") ->
         os.close(pidfd)
 
 
+def _detach_under(prefix: str, kernel: Kernel, proc_dir: str) -> int:
+    """Detach every host mount at or under ``prefix``, deepest first; how many were."""
+    detached = 0
+    for mount_point in _host_mounts_under(prefix, proc_dir):
+        try:
+            kernel.umount(mount_point, MNT_DETACH)
+            detached += 1
+        except KernelError as error:
+            log.warning("could not detach %s: %s", mount_point, error)
+    return detached
+
+
 def _host_mounts_under(prefix: str, proc_dir: str) -> list[str]:
     found = []
     try:
@@ -229,24 +241,14 @@ def reconcile(
     except FileNotFoundError:
         pass
 
-    for mount_point in _host_mounts_under(str(config.mount_dir), proc_dir):
-        try:
-            kernel.umount(mount_point, MNT_DETACH)
-            report.mounts_removed += 1
-        except KernelError as error:
-            log.warning("could not detach %s: %s", mount_point, error)
+    report.mounts_removed += _detach_under(str(config.mount_dir), kernel, proc_dir)
     if not adopt:
         # The offline reclaim: nothing will mount these layers any more.  (At
         # start the layers' own nosuid,nodev mount is made before this runs,
         # and kept: statedir.py.)
         report.mounts_removed += statedir.detach_layers(config, kernel)
         # Nor bind the sandboxes' shared sysfs (rootfs.prepare_sys).
-        for mount_point in _host_mounts_under(str(config.state_dir / "sys"), proc_dir):
-            try:
-                kernel.umount(mount_point, MNT_DETACH)
-                report.mounts_removed += 1
-            except KernelError as error:
-                log.warning("could not detach %s: %s", mount_point, error)
+        report.mounts_removed += _detach_under(str(config.state_dir / "sys"), kernel, proc_dir)
 
     if is_btrfs(config.disks_dir):
         disks = Disks(config, kernel)

@@ -420,7 +420,9 @@ def prepare_sys(directory: str, mountinfo: str = "/proc/self/mountinfo") -> bool
     os.makedirs(directory, 0o755, exist_ok=True)
     target = os.path.realpath(directory)  # as the mount table names it
     try:
-        for line in open(mountinfo).read().splitlines():
+        with open(mountinfo) as table:
+            lines = table.read().splitlines()
+        for line in lines:
             if line.split()[4].replace("\\040", " ") != target:
                 continue
             fstype, source = line.split(" - ")[1].split()[:2]

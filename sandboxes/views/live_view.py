@@ -14,11 +14,8 @@ and no signed URL is made: the socket lives as long as the page.
 
 from __future__ import annotations
 
-from console.db import db
-from console.errors import Refused
 from console.models import Membership
 
-from .. import selectors
 from ..api.desktop import VNC_PORTS
 from ..api.port_tunnel import PortTunnelConsumer
 from ..api.pty import CLOSE_CODES
@@ -38,9 +35,6 @@ class LiveViewConsumer(PortTunnelConsumer):
         if port is None:
             await self._refuse(4400, "invalid_request", f"mode is one of {', '.join(VNC_PORTS)}")
             return
-        try:
-            sandbox = await db(selectors.started_sandbox_for)(member.team_id, route["sandbox_id"])
-        except Refused as error:
-            await self._refuse(4404 if error.code.endswith("not_found") else 4409, error.code, error.message)
-            return
-        await self.relay(sandbox, port)
+        sandbox = await self.started_sandbox(member.team_id, route["sandbox_id"])
+        if sandbox is not None:
+            await self.relay(sandbox, port)
