@@ -13,6 +13,7 @@ from django.utils import timezone
 
 from console.models import ApiKey, Team, public_id
 from console.sealing import SealedJSONField
+from sandboxes.engine.cgroups import GROUP_CPU_MAX
 
 
 def sandbox_id() -> str:
@@ -298,6 +299,9 @@ class Launch(models.Model):
     # Its sandboxes share a memory cgroup this many at a time on each host (sandboxes/engine/cgroups.py:
     # the opt-in for scale); 1: each its own.
     memory_group_size = models.PositiveIntegerField(default=1)
+    # Where its groups' CPU quota is: each sandbox's own ("each"), or one for the group, its members' summed
+    # ("group": no quota write per create, which walks every CPU cgroup on the host; cgroups.py).
+    memory_group_cpu = models.CharField(max_length=5, choices=[("each", "Each"), ("group", "Group")], default="each")
     labels = models.JSONField(default=dict)
     network_policy = models.ForeignKey(NetworkPolicy, null=True, blank=True, on_delete=models.SET_NULL)
     lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="launches")
@@ -346,7 +350,14 @@ class Launch(models.Model):
         if self.memory_group_size <= 1:
             return {}
         group = f"{self.id.lower().replace('_', '-')}-{host.pk}-{index // self.memory_group_size}"
-        return {"memory_group": group[:40], "memory_group_mib": self.memory_mib * self.memory_group_size}
+        # Its members' cores summed, at most what the engine takes (a quota past any host's cores: none at all);
+        # 64 cores x 4,096 members would otherwise be refused at every member's create.
+        shared_cpu = min(self.cpu * self.memory_group_size, GROUP_CPU_MAX) if self.memory_group_cpu == "group" else 0.0
+        return {
+            "memory_group": group[:40],
+            "memory_group_mib": self.memory_mib * self.memory_group_size,
+            "memory_group_cpu": shared_cpu,
+        }
 
 
 class Sandbox(models.Model):
@@ -379,6 +390,7 @@ class Sandbox(models.Model):
     # The memory group it is in on its host (its launch's memory_group_size), and that group's limit.
     memory_group = models.CharField(max_length=40, blank=True)
     memory_group_mib = models.PositiveIntegerField(default=0)
+    memory_group_cpu = models.FloatField(default=0.0)  # ... and that group's CPU quota in cores; 0: a quota each
     template = models.CharField(max_length=64)
     snapshot = models.ForeignKey(Snapshot, null=True, blank=True, on_delete=models.PROTECT, related_name="sandboxes")
     size = models.CharField(max_length=32)

@@ -73,6 +73,7 @@ def launch_out(launch: Launch) -> dict[str, Any]:
         "size": launch.size or None,
         "count": launch.count,
         "memory_group_size": launch.memory_group_size,
+        "memory_group_cpu": launch.memory_group_cpu,
         "ttl_s": launch.ttl_s,
         "idle_timeout_s": launch.idle_timeout_s,
         "labels": launch.labels,

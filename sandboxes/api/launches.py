@@ -35,6 +35,7 @@ async def create_launch(request: HttpRequest, payload: LaunchCreate) -> tuple[in
         spec=payload,
         count=payload.count,
         memory_group_size=payload.memory_group_size,
+        memory_group_cpu=payload.memory_group_cpu,
         actor=Actor.of(request),
     )
     return (201 if created else 200), await db(launch_out)(launch)

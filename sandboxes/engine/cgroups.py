@@ -41,6 +41,7 @@ from .errors import EngineError
 CPU_PERIOD_US = 100_000
 PREFIX = "fy-"
 GROUP_PREFIX = "mg-"  # a memory group: sandboxes of one launch sharing one memory cgroup (see ``Cgroups``)
+GROUP_CPU_MAX = 4096  # the most cores a group's CPU quota may hold: more than any host has, so no limit at all
 
 
 def split_name(name: str) -> tuple[str, str]:
@@ -169,6 +170,13 @@ def _read(path: Path | str) -> str:
     return b"".join(chunks).decode()
 
 
+def _read_or_empty(path: Path) -> str:
+    try:
+        return _read(path)
+    except FileNotFoundError:
+        return ""
+
+
 def _read_int(path: Path, default: int = 0) -> int:
     try:
         return int(_read(path).split()[0])
@@ -247,8 +255,17 @@ class Cgroups(ABC):
     picks within the group); the group cannot pass its own limit, nor touch
     another group's. On v2 the group is the sandbox cgroup's parent, with the
     memory controller on and not handed down; on v1 it is a directory of the
-    memory hierarchy that its sandboxes' processes join, their other
-    controllers' directories their own."""
+    memory hierarchy that its sandboxes' processes join, and one of the CPU
+    hierarchy that their own CPU cgroups sit below; their other controllers'
+    directories are their own.
+
+    A group may also carry the CPU quota (``group_cpu``: the control plane
+    asks for its members' cores summed), its members then none of their own:
+    every write of a CPU quota makes the kernel walk every CPU cgroup on the
+    host, so a quota each made each create slower by the number already
+    there. The trade: inside the group a busy sandbox may use what idle
+    mates leave (equal shares when all are busy); the group cannot pass its
+    quota."""
 
     version: int
 
@@ -264,7 +281,9 @@ class Cgroups(ABC):
         """Every directory that makes up cgroup ``name``."""
 
     @abstractmethod
-    def apply_limits(self, name: str, limits: Limits) -> None: ...
+    def apply_limits(self, name: str, limits: Limits, own_cpu: bool = True) -> None:
+        """Write the sandbox's limits; its CPU quota only with ``own_cpu`` (a member of a memory group
+        with a CPU quota has the group's)."""
 
     @abstractmethod
     def freeze(self, name: str, frozen: bool) -> None: ...
@@ -282,12 +301,17 @@ class Cgroups(ABC):
         """The cgroups that exist under our parent."""
 
     @abstractmethod
-    def ensure_group(self, group: str, memory_bytes: int) -> None:
-        """Make memory group ``group`` (if it is not there yet) with this memory limit."""
+    def ensure_group(self, group: str, memory_bytes: int, cpu: float = 0.0) -> None:
+        """Make memory group ``group`` (if it is not there yet) with this memory limit, and with ``cpu``
+        a CPU quota of that many cores for the whole group."""
 
     @abstractmethod
     def group_directory(self, group: str) -> Path:
         """Where memory group ``group``'s memory cgroup is."""
+
+    def group_directories(self, group: str) -> list[Path]:
+        """Every directory memory group ``group`` has (on v1 one in the CPU hierarchy too)."""
+        return [self.group_directory(group)]
 
     def own_directories(self, name: str) -> list[Path]:
         """The directories that are the sandbox's alone (not its memory group's)."""
@@ -297,29 +321,31 @@ class Cgroups(ABC):
         """Remove a memory group with no sandbox left in it (never waits: a member still there keeps it)."""
         if not group:
             return False
-        try:
-            os.rmdir(self.group_directory(group))
-            return True
-        except OSError:
-            return False  # gone already, or a member left
+        removed = False
+        for directory in self.group_directories(group):
+            try:
+                os.rmdir(directory)
+                removed = True
+            except OSError:
+                continue  # gone already, or a member left
+        return removed
 
     def groups(self) -> list[str]:
         """The memory groups under our parent."""
-        try:
-            return sorted(
-                entry.name
-                for entry in self.group_directory("x").parent.iterdir()
-                if entry.is_dir() and entry.name.startswith(GROUP_PREFIX)
-            )
-        except FileNotFoundError:
-            return []
+        found: set[str] = set()
+        for parent in {directory.parent for directory in self.group_directories("x")}:
+            try:
+                found.update(entry.name for entry in parent.iterdir() if entry.is_dir() and entry.name.startswith(GROUP_PREFIX))
+            except FileNotFoundError:
+                continue
+        return sorted(found)
 
-    def create(self, name: str, limits: Limits, group_memory_bytes: int = 0) -> list[str]:
-        """Make the cgroup and its limits (and its memory group's, with ``group_memory_bytes``); return the
-        files a pid is written to."""
+    def create(self, name: str, limits: Limits, group_memory_bytes: int = 0, group_cpu: float = 0.0) -> list[str]:
+        """Make the cgroup and its limits (and its memory group's, with ``group_memory_bytes`` and, with
+        ``group_cpu``, the group's CPU quota in place of the sandbox's); return the files a pid is written to."""
         group, _ = split_name(name)
         if group:
-            self.ensure_group(group, group_memory_bytes)
+            self.ensure_group(group, group_memory_bytes, group_cpu)
         directories = self.directories(name)
         for directory in directories:
             try:
@@ -330,7 +356,7 @@ class Cgroups(ABC):
                 raise CgroupError(
                     f"cannot create cgroup {directory}: {error.strerror}", path=str(directory), step="mkdir"
                 ) from error
-        self.apply_limits(name, limits)
+        self.apply_limits(name, limits, own_cpu=not (group and group_cpu))
         return [f"{directory}/cgroup.procs" for directory in directories]
 
     def exists(self, name: str) -> bool:
@@ -490,9 +516,13 @@ class CgroupsV2(Cgroups):
     def group_directory(self, group: str) -> Path:
         return self.parent / group
 
-    def ensure_group(self, group: str, memory_bytes: int) -> None:
+    def ensure_group(self, group: str, memory_bytes: int, cpu: float = 0.0) -> None:
         directory = self.parent / group
         directory.mkdir(exist_ok=True)
+        quota = f"{int(cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}"
+        # Written by the group's first member only: each write walks every CPU cgroup on the host.
+        if cpu and "cpu" in self.available and _read_or_empty(directory / "cpu.max").strip() != quota:
+            _write(directory / "cpu.max", quota)
         if "memory" in self.available:
             _write(directory / "memory.max", str(memory_bytes))
             if (directory / "memory.swap.max").exists():
@@ -518,9 +548,9 @@ class CgroupsV2(Cgroups):
             return count
         return super().kill_exec(name, command, timeout_s)
 
-    def apply_limits(self, name: str, limits: Limits) -> None:
+    def apply_limits(self, name: str, limits: Limits, own_cpu: bool = True) -> None:
         directory = self.parent / name
-        if "cpu" in self.available:
+        if own_cpu and "cpu" in self.available:
             _write(directory / "cpu.max", f"{int(limits.cpu * CPU_PERIOD_US)} {CPU_PERIOD_US}")
         if "memory" in self.available and not split_name(name)[0]:  # a group's member has the group's
             _write(directory / "memory.max", str(limits.memory_bytes))
@@ -608,18 +638,40 @@ class CgroupsV1(Cgroups):
         for parent in self.parents.values():
             parent.mkdir(parents=True, exist_ok=True)
 
-    def directories(self, name: str) -> list[Path]:
+    # A memory group's members share its memory cgroup, and sit below its CPU
+    # cgroup (where the group's CPU quota is, if it has one), each with its own.
+    NESTED = ("cpu", "cpuacct")
+
+    def directory(self, controller: str, name: str) -> Path:
+        """Sandbox ``name``'s directory in ``controller``'s hierarchy."""
         group, own = split_name(name)
-        return [parent / (group if group and controller == "memory" else own) for controller, parent in self.parents.items()]
+        if group and controller == "memory":
+            return self.parents[controller] / group
+        if group and controller in self.NESTED:
+            return self.parents[controller] / group / own
+        return self.parents[controller] / own
+
+    def directories(self, name: str) -> list[Path]:
+        return [self.directory(controller, name) for controller in self.parents]
 
     def own_directories(self, name: str) -> list[Path]:
-        group, own = split_name(name)
-        return [parent / own for controller, parent in self.parents.items() if not (group and controller == "memory")]
+        group = split_name(name)[0]
+        return [self.directory(controller, name) for controller in self.parents if not (group and controller == "memory")]
 
     def group_directory(self, group: str) -> Path:
         return self.parents["memory"] / group
 
-    def ensure_group(self, group: str, memory_bytes: int) -> None:
+    def group_directories(self, group: str) -> list[Path]:
+        # On most hosts cpu and cpuacct are one hierarchy under two names: both paths name one directory.
+        nested = {self.parents[controller] / group for controller in self.NESTED if controller in self.parents}
+        return [*sorted(nested), self.group_directory(group)]
+
+    def ensure_group(self, group: str, memory_bytes: int, cpu: float = 0.0) -> None:
+        for controller in self.NESTED:
+            if controller in self.parents:
+                (self.parents[controller] / group).mkdir(exist_ok=True)
+        if cpu and "cpu" in self.parents:
+            _set_cfs_quota(self.parents["cpu"] / group, cpu)
         directory = self.parents["memory"] / group
         directory.mkdir(exist_ok=True)
         _write(directory / "memory.limit_in_bytes", str(memory_bytes))
@@ -635,12 +687,10 @@ class CgroupsV1(Cgroups):
         # count is hierarchical, so the sandbox's limit still holds).
         return self.parents["pids"] / split_name(name)[1] / command
 
-    def apply_limits(self, name: str, limits: Limits) -> None:
+    def apply_limits(self, name: str, limits: Limits, own_cpu: bool = True) -> None:
         group, own = split_name(name)
-        if "cpu" in self.parents:
-            directory = self.parents["cpu"] / own
-            _write(directory / "cpu.cfs_period_us", str(CPU_PERIOD_US))
-            _write(directory / "cpu.cfs_quota_us", str(int(limits.cpu * CPU_PERIOD_US)))
+        if own_cpu and "cpu" in self.parents:
+            _set_cfs_quota(self.directory("cpu", name), limits.cpu)
         if not group:  # a group's member has the group's
             memory = self.parents["memory"] / own
             _write(memory / "memory.limit_in_bytes", str(limits.memory_bytes))
@@ -663,8 +713,7 @@ class CgroupsV1(Cgroups):
 
     def stats(self, name: str) -> Stats:
         memory = self._memory_directory(name)
-        own = split_name(name)[1]
-        cpu_ns = _read_int(self.parents["cpuacct"] / own / "cpuacct.usage") if "cpuacct" in self.parents else 0
+        cpu_ns = _read_int(self.directory("cpuacct", name) / "cpuacct.usage") if "cpuacct" in self.parents else 0
         return Stats(
             memory_bytes=_read_int(memory / "memory.usage_in_bytes"),
             cpu_usage_us=cpu_ns // 1000,
@@ -678,7 +727,7 @@ class CgroupsV1(Cgroups):
 
     def names(self) -> list[str]:
         """Every sandbox cgroup under our parent, by its own name (``fy-<id>``): on v1 the memory group a
-        sandbox is in lives only in the memory hierarchy (compare names with ``split_name(...)[1]``)."""
+        sandbox is in shows only in the memory and CPU hierarchies (compare names with ``split_name(...)[1]``)."""
         found: set[str] = set()
         for parent in self.parents.values():
             try:

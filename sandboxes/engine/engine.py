@@ -49,7 +49,7 @@ from . import (
     statedir,
     users,
 )
-from .cgroups import GROUP_PREFIX, PREFIX, Cgroups, Limits, detect, favor_moves, split_name
+from .cgroups import GROUP_CPU_MAX, GROUP_PREFIX, PREFIX, Cgroups, Limits, detect, favor_moves, split_name
 from .config import EngineConfig
 from .desktop import Desktop
 from .errors import (
@@ -184,18 +184,19 @@ class CreateRequest:
     network_group: str = ""  # sandboxes of the same group reach each other (network.py)
     memory_group: str = ""  # sandboxes of the same memory group share one memory cgroup (cgroups.py)
     memory_group_mib: int = 0  # ... with this limit
+    memory_group_cpu: float = 0.0  # ... and this CPU quota for the whole group (none each then); 0: a quota each
 
 
 MEMORY_GROUP = re.compile(r"^[a-z0-9][a-z0-9-]{0,39}$")
 
 
 def _memory_group(raw: Any) -> dict[str, Any]:
-    """``memory_group``: ``{"id", "memory_mib"}``, the memory group a sandbox joins (made by its first member
-    with this limit); none when absent."""
+    """``memory_group``: ``{"id", "memory_mib", "cpu"?}``, the memory group a sandbox joins (made by its first
+    member with this limit and, with ``cpu``, that CPU quota for the group in place of one each); none when absent."""
     if raw is None:
         return {}
-    if not isinstance(raw, dict) or set(raw) - {"id", "memory_mib"}:
-        raise InvalidRequest('memory_group must be {"id": ..., "memory_mib": ...}', field="memory_group")
+    if not isinstance(raw, dict) or set(raw) - {"id", "memory_mib", "cpu"}:
+        raise InvalidRequest('memory_group must be {"id": ..., "memory_mib": ..., "cpu": ...}', field="memory_group")
     group, mib = raw.get("id"), raw.get("memory_mib")
     if not isinstance(group, str) or not MEMORY_GROUP.match(group):
         raise InvalidRequest("memory_group.id must be 1-40 characters of a-z, 0-9 and '-'", field="memory_group.id")
@@ -203,7 +204,10 @@ def _memory_group(raw: Any) -> dict[str, Any]:
         raise InvalidRequest(
             "memory_group.memory_mib must be a whole number of MiB, at least 16", field="memory_group.memory_mib"
         )
-    return {"memory_group": group, "memory_group_mib": mib}
+    cpu = raw.get("cpu", 0)
+    if not isinstance(cpu, int | float) or isinstance(cpu, bool) or not (cpu == 0 or 0.01 <= cpu <= GROUP_CPU_MAX):
+        raise InvalidRequest(f"memory_group.cpu must be a number of cores, 0.01 to {GROUP_CPU_MAX}", field="memory_group.cpu")
+    return {"memory_group": group, "memory_group_mib": mib, "memory_group_cpu": float(cpu)}
 
 
 class Engine:
@@ -1005,6 +1009,7 @@ class Engine:
                 egress=request.egress,
                 network_group=request.network_group,
                 group_memory_bytes=request.memory_group_mib * MEBIBYTE,
+                group_cpu=request.memory_group_cpu,
             )
             if template.services:
                 # Still "creating" (no exec, not listed as running) until they answer.
@@ -1086,12 +1091,13 @@ class Engine:
         egress: builtins.list[network.Rule] | None = None,
         network_group: str = "",
         group_memory_bytes: int = 0,
+        group_cpu: float = 0.0,
     ) -> None:
         limits = Limits(cpu=record.cpu, memory_bytes=record.memory_mib * MEBIBYTE, pids=record.pids_max)
         try:
             if self.disks.backend == "btrfs":
                 record.disk_volume = self.disks.make(record.id, self.root_uid(record), record.disk_bytes)
-            procs = self.cgroups.create(record.cgroup, limits, group_memory_bytes)
+            procs = self.cgroups.create(record.cgroup, limits, group_memory_bytes, group_cpu)
             record.cgroup_dirs = [str(directory) for directory in self.cgroups.directories(record.cgroup)]
             faults.reached("create:cgroup")
             spec: dict[str, Any] = {

@@ -34,6 +34,7 @@ def launch_create(
     spec: SandboxCreate,
     count: int,
     memory_group_size: int = 1,
+    memory_group_cpu: str = "each",
     actor: Actor | None = None,
 ) -> tuple[Launch, bool]:
     """Record a launch of ``count`` sandboxes and queue its dispatch; (launch, created).
@@ -66,6 +67,7 @@ def launch_create(
         api_key=key,
         count=count,
         memory_group_size=memory_group_size,
+        memory_group_cpu=memory_group_cpu,
         labels=spec.labels,
         **admitted.shape_fields(),
     )

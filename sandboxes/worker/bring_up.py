@@ -92,6 +92,8 @@ def create_args(sandbox: Sandbox) -> dict[str, Any]:
         args["idle_timeout_s"] = sandbox.idle_timeout_s
     if sandbox.memory_group:
         args["memory_group"] = {"id": sandbox.memory_group, "memory_mib": sandbox.memory_group_mib}
+        if sandbox.memory_group_cpu:
+            args["memory_group"]["cpu"] = sandbox.memory_group_cpu
     if sandbox.network_policy_id:
         # The rules as they are now (a later PUT reaches it through services.policies.policy_apply).
         assert sandbox.network_policy is not None

@@ -490,10 +490,12 @@ def upload(sandbox_id: str, path: str, tar: Body) -> Call:
 # --- launches --------------------------------------------------------------------------
 
 
-def create_launch(count: int, options: SandboxOptions, memory_group_size: int = 1) -> Call:
+def create_launch(count: int, options: SandboxOptions, memory_group_size: int = 1, memory_group_cpu: str = "each") -> Call:
     body = {**_body(sandbox_options(options, "launches.create"), key_prefix="sdk-launch"), "count": count}
     if memory_group_size != 1:
         body["memory_group_size"] = memory_group_size
+    if memory_group_cpu != "each":
+        body["memory_group_cpu"] = memory_group_cpu
     return Call("POST", "/launches", json=body)
 
 

@@ -579,8 +579,11 @@ class AsyncLaunches(Resource[AsyncSender]):
         super().__init__(sender)
         self._keeper = keeper
 
-    async def create(self, *, count: int, memory_group_size: int = 1, **options: Unpack[SandboxOptions]) -> AsyncLaunch:
-        call = calls.create_launch(count, await _with_lease(options, self._keeper, "launches.create"), memory_group_size)
+    async def create(
+        self, *, count: int, memory_group_size: int = 1, memory_group_cpu: str = "each", **options: Unpack[SandboxOptions]
+    ) -> AsyncLaunch:
+        options = await _with_lease(options, self._keeper, "launches.create")
+        call = calls.create_launch(count, options, memory_group_size, memory_group_cpu)
         return AsyncLaunch(self._sender, await self._sender.json(call))
 
     async def get(self, launch_id: str) -> AsyncLaunch:

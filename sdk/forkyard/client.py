@@ -702,13 +702,17 @@ class Launches(Resource[Sender]):
         super().__init__(sender)
         self._keeper = keeper
 
-    def create(self, *, count: int, memory_group_size: int = 1, **options: Unpack[SandboxOptions]) -> Launch:
+    def create(
+        self, *, count: int, memory_group_size: int = 1, memory_group_cpu: str = "each", **options: Unpack[SandboxOptions]
+    ) -> Launch:
         """Launch ``count`` sandboxes from a ``template`` or a ``snapshot`` (same options as
         ``sandboxes.create``).  It answers at once; follow it with ``wait()``, or ``with`` it
         to tear it down at the block's end.  ``memory_group_size``: for launches of thousands, its
-        sandboxes share a memory cgroup that many at a time on each host (the API's field says the trade)."""
+        sandboxes share a memory cgroup that many at a time on each host; ``memory_group_cpu="group"``:
+        and one CPU quota a group (the API's fields say the trades)."""
         options = _with_lease(options, self._keeper, "launches.create")
-        return Launch(self._sender, self._sender.json(calls.create_launch(count, options, memory_group_size)))
+        call = calls.create_launch(count, options, memory_group_size, memory_group_cpu)
+        return Launch(self._sender, self._sender.json(call))
 
     def get(self, launch_id: str) -> Launch:
         return Launch(self._sender, self._sender.json(calls.get_launch(launch_id)))

@@ -811,6 +811,7 @@ class LaunchFields:
     size: str | None
     count: int
     memory_group_size: int  # its sandboxes share a memory cgroup this many at a time on each host
+    memory_group_cpu: str  # "each": a CPU quota each; "group": one a memory group
     ttl_s: int
     labels: dict[str, str]
     lease: str | None
@@ -831,6 +832,7 @@ class LaunchFields:
         self.size = data.get("size")
         self.count = int(data.get("count", 0))
         self.memory_group_size = int(data.get("memory_group_size") or 1)
+        self.memory_group_cpu = str(data.get("memory_group_cpu") or "each")
         self.ttl_s = int(data.get("ttl_s", 0))
         self.idle_timeout_s = int(data.get("idle_timeout_s") or 0)
         self.labels = _strings(data.get("labels"))

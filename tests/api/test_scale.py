@@ -5,7 +5,9 @@ an hour and needs ``kernel.pid_max`` raised): ``scripts/test -m scale
 tests/api/test_scale.py``, with ``FORKYARD_SCALE_COUNT`` for another count
 (the host's proven maximum where 32,752 does not fit). The launch's
 sandboxes share memory cgroups 64 at a time (``memory_group_size``: what
-makes the kernel's memory per sandbox flat as their number grows), on a
+makes the kernel's memory per sandbox flat as their number grows), each
+group with one CPU quota (``memory_group_cpu: "group"``: no quota write, and
+so no kernel walk of every CPU cgroup, per create), on a
 stack of its own set as a host of idle tiny sandboxes needs: the memory
 limits overcommitted 512 times (32,752 x 128 MiB promise 4 TiB; only idle
 memory makes that work) and the kernel's measured ~400 KiB per grouped
@@ -55,7 +57,7 @@ def test_a_launch_of_the_whole_wordmark_runs_and_goes_leaving_nothing(scale_stac
     started = time.monotonic()
     launch = api.post(
         "/api/v1/launches",
-        json={"template": "base", "size": "tiny", "count": COUNT, "ttl_s": 3600, "memory_group_size": 64},
+        json={"template": "base", "size": "tiny", "count": COUNT, "ttl_s": 3600, "memory_group_size": 64, "memory_group_cpu": "group"},
         timeout=300,
     ).json()
     done = wait_for_launch(api, launch["id"], {"ready", "failed"}, timeout_s=3600)

@@ -19,6 +19,7 @@ from billing.models import UsagePeriod
 from sandboxes import commands
 from sandboxes.commands import Command
 from sandboxes.engine import errors as engine_errors
+from sandboxes.engine.cgroups import GROUP_CPU_MAX
 from sandboxes.models import Host, Launch, Lease, Sandbox, Snapshot, Template, TemplateBuild
 from sandboxes.schemas import SandboxCreate
 from sandboxes.services.launches import launch_create, launch_destroy
@@ -170,6 +171,16 @@ def _launch(team: Any, count: int) -> Launch:
     launch, created = launch_create(team=team, key=None, spec=spec, count=count)
     assert created
     return launch
+
+
+def test_a_groups_cpu_quota_is_its_members_cores_summed_within_what_the_engine_takes(cluster: Any, team: Any, sent: Any) -> None:
+    host = cluster.add_host("h1")
+    for size, group_size, cores in (("tiny", 64, 64.0), ("default", 4096, float(GROUP_CPU_MAX))):
+        spec = SandboxCreate.model_validate({"template": "base", "size": size, "ttl_s": 600})
+        launch, _ = launch_create(team=team, key=None, spec=spec, count=2, memory_group_size=group_size, memory_group_cpu="group")
+        args = bring_up.create_args(launch.member(0, host, {}))
+        assert args["memory_group"]["cpu"] == cores, args["memory_group"]
+        assert "cpu" not in bring_up.create_args(_launch(team, 2).member(0, host, {})).get("memory_group", {})
 
 
 def test_dispatch_spreads_chunks_over_the_hosts_with_room(cluster: Any, team: Any, sent: Any, settings: Any) -> None:

@@ -1,4 +1,5 @@
-"""Memory groups: sandboxes that share one memory cgroup (an opt-in for scale), each with its own CPU, pids and freezer.
+"""Memory groups: sandboxes that share one memory cgroup (an opt-in for scale), each with its own CPU, pids and freezer
+(or, asked for, the group's CPU quota).
 
 The group's own probe: a memory hog in a group is stopped at the group's
 limit (the kernel's OOM killer, inside the group), and another group's
@@ -123,3 +124,59 @@ def cgroup_file_of(engine: EngineProcess, sandbox: str, controller: str, name: s
         return cgroup_file(engine, sandbox, controller, name)
     [own] = [entry for entry in cgroups.names() if entry.endswith(f"fy-{sandbox}")]
     return cgroups.directories(own)[0] / name
+
+
+def cpu_quota_cores(directory: Path, v1: bool) -> float | None:
+    """The CPU quota the kernel holds for a cgroup, in cores; None for none."""
+    if v1:
+        quota, period = (int((directory / name).read_text()) for name in ("cpu.cfs_quota_us", "cpu.cfs_period_us"))
+    else:
+        text, period_text = (directory / "cpu.max").read_text().split()
+        quota, period = (-1 if text == "max" else int(text)), int(period_text)
+    return None if quota < 0 else quota / period
+
+
+def throttled(directory: Path) -> int:
+    """How many periods the kernel has throttled the cgroup for (cpu.stat, on either version)."""
+    stat = dict(line.split() for line in (directory / "cpu.stat").read_text().splitlines())
+    return int(stat["nr_throttled"])
+
+
+def test_a_group_may_carry_the_cpu_quota_which_its_members_then_share(grouped_engine: EngineProcess):
+    """A group with ``cpu``: the quota is the group's and none is its members' (every quota write walks
+    every CPU cgroup on the host), and the group is held to it: two spinning members are throttled at
+    the group, not each. A group without ``cpu`` keeps a quota each."""
+    cgroups = detect(grouped_engine.config)
+    v1 = isinstance(cgroups, CgroupsV1)
+    with grouped_engine.client() as client:
+        group = {"id": "shared", "memory_mib": 256, "cpu": 0.5}
+        spinners = [client.create(template="base", size="tiny", ttl_s=300, memory_group=group)["id"] for _ in range(2)]
+        each = client.create(template="base", size="tiny", ttl_s=300, memory_group={"id": "each", "memory_mib": 128})["id"]
+
+        def cpu_directory(name: str) -> Path:
+            return cgroups.directory("cpu", name) if isinstance(cgroups, CgroupsV1) else cgroups.directories(name)[0]
+
+        group_cpu = cpu_directory("mg-shared/fy-x").parent
+        assert cpu_quota_cores(group_cpu, v1) == 0.5
+        for sandbox in spinners:
+            member = cpu_directory(f"mg-shared/fy-{sandbox}")
+            assert member.is_dir() and cpu_quota_cores(member, v1) is None
+        each_cpu = cpu_directory(f"mg-each/fy-{each}")
+        assert cpu_quota_cores(each_cpu, v1) == 1.0
+        assert cpu_quota_cores(each_cpu.parent, v1) is None, "a group without cpu has no quota of its own"
+
+        before = throttled(group_cpu)
+        for sandbox in spinners:
+            client.exec(sandbox, "timeout 1 sh -c 'while :; do :; done'; true", timeout_s=30)
+        assert throttled(group_cpu) > before, "the group's quota held nothing back"
+        assert client.call("stats", id=spinners[0])["cpu_s"] > 0, "a member's own CPU time is still counted"
+        for sandbox in (*spinners, each):
+            client.destroy(sandbox)
+    assert not group_cpu.exists(), "the group's CPU cgroup goes with its last member"
+
+
+def test_a_bad_group_cpu_is_refused(grouped_engine: EngineProcess):
+    with grouped_engine.client() as client:
+        for cpu in (-1, 0.001, "2", True, 5000):
+            with pytest.raises(errors.InvalidRequest):
+                client.create(template="base", size="tiny", memory_group={"id": "ok", "memory_mib": 128, "cpu": cpu})

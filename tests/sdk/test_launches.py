@@ -65,3 +65,14 @@ def test_wait_times_out(fy: Client) -> None:
         assert raised.value.code == "wait_timeout" and isinstance(raised.value, TimeoutError)
     finally:
         launch.kill()
+
+
+def test_a_launch_in_memory_groups_with_the_groups_cpu(fy: Client) -> None:
+    launch = fy.launches.create(template="base", size="tiny", count=4, ttl_s=300, memory_group_size=2, memory_group_cpu="group")
+    try:
+        assert (launch.memory_group_size, launch.memory_group_cpu) == (2, "group")
+        children = list(launch.wait(timeout_s=120))
+        assert len(children) == 4 and all(child.exec("echo grouped").stdout == "grouped\n" for child in children)
+        assert fy.launches.get(launch.id).memory_group_cpu == "group"
+    finally:
+        launch.kill()

@@ -37,6 +37,54 @@ def test_v1_limits_under_the_engines_own_nested_memory_cgroup(tmp_path: Path):
     assert driver.names() == ["fy-a"]
 
 
+def test_v1_a_group_with_cpu_holds_the_quota_and_its_members_sit_below_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    root = tmp_path / "cgroup"
+    for controller in cgroups.CgroupsV1.CONTROLLERS:
+        (root / controller).mkdir(parents=True)
+        (root / controller / "cgroup.procs").write_text("")
+    driver = cgroups.CgroupsV1(EngineConfig(cgroup_root=root, proc_dir=_proc(tmp_path, "0::/\n")))
+    driver.setup()
+    limits = cgroups.Limits(cpu=1.0, memory_bytes=128 << 20, pids=256)
+    procs = driver.create("mg-g/fy-a", limits, group_memory_bytes=256 << 20, group_cpu=2.0)
+    parent = {controller: root / controller / "forkyard" for controller in cgroups.CgroupsV1.CONTROLLERS}
+    assert (parent["cpu"] / "mg-g" / "cpu.cfs_quota_us").read_text() == "200000"
+    assert not (parent["cpu"] / "mg-g" / "fy-a" / "cpu.cfs_quota_us").exists(), "a member writes no quota"
+    assert str(parent["cpu"] / "mg-g" / "fy-a" / "cgroup.procs") in procs
+    assert str(parent["cpuacct"] / "mg-g" / "fy-a" / "cgroup.procs") in procs
+    assert str(parent["memory"] / "mg-g" / "cgroup.procs") in procs
+    assert (parent["pids"] / "fy-a" / "pids.max").read_text() == "256"
+    # The group's next member writes no CPU file: each quota or period write walks every CPU cgroup.
+    (parent["cpu"] / "mg-g" / "cpu.cfs_period_us").write_text("100000")
+    written: list[str] = []
+    write = cgroups._write
+    monkeypatch.setattr(cgroups, "_write", lambda path, value: (written.append(str(path)), write(path, value)))
+    driver.create("mg-g/fy-a2", limits, group_memory_bytes=256 << 20, group_cpu=2.0)
+    assert written and not [path for path in written if "/cpu/" in path], written
+    monkeypatch.undo()
+    for directory in driver.own_directories("mg-g/fy-a2"):
+        for leftover in directory.iterdir():
+            leftover.unlink()
+    driver.remove("mg-g/fy-a2")
+    # Without cpu the group has no quota and its member one of its own, below it all the same.
+    driver.create("mg-h/fy-b", limits, group_memory_bytes=128 << 20)
+    assert not (parent["cpu"] / "mg-h" / "cpu.cfs_quota_us").exists()
+    assert (parent["cpu"] / "mg-h" / "fy-b" / "cpu.cfs_quota_us").read_text() == "100000"
+    assert driver.groups() == ["mg-g", "mg-h"] and driver.names() == ["fy-a", "fy-b"]
+    for name in ("mg-g/fy-a", "mg-h/fy-b"):
+        for directory in driver.own_directories(name):
+            for leftover in directory.iterdir():
+                leftover.unlink()  # a fake tree's files; the kernel's go with the directory
+        assert driver.remove(name)
+        group = name.partition("/")[0]
+        for directory in driver.group_directories(group):
+            for leftover in directory.iterdir():
+                if leftover.is_file():
+                    leftover.unlink()
+        assert driver.remove_empty_group(group)
+        assert not any(directory.exists() for directory in driver.group_directories(group))
+    assert driver.groups() == []
+
+
 def test_v2_engine_moves_into_a_leaf_and_enables_controllers(tmp_path: Path):
     root = tmp_path / "cgroup"
     service = root / "system.slice" / "forkyard.service"
@@ -58,6 +106,14 @@ def test_v2_engine_moves_into_a_leaf_and_enables_controllers(tmp_path: Path):
     assert (sandbox / "cpu.max").read_text() == "50000 100000"
     assert (sandbox / "memory.max").read_text() == str(1 << 30)
     assert (sandbox / "pids.max").read_text() == "100"
+    # A memory group with cpu: the quota is the group's, its member writes none.
+    (service / "forkyard" / "mg-g").mkdir()
+    (service / "forkyard" / "mg-g" / "cgroup.subtree_control").write_text("")
+    driver.create("mg-g/fy-c", cgroups.Limits(cpu=1, memory_bytes=1 << 30, pids=100), group_memory_bytes=2 << 30, group_cpu=2)
+    assert (service / "forkyard" / "mg-g" / "cpu.max").read_text() == "200000 100000"
+    assert (service / "forkyard" / "mg-g" / "memory.max").read_text() == str(2 << 30)
+    assert not (service / "forkyard" / "mg-g" / "fy-c" / "cpu.max").exists()
+    assert (service / "forkyard" / "mg-g" / "fy-c" / "pids.max").read_text() == "100"
 
 
 def test_v2_refuses_to_run_without_its_controllers(tmp_path: Path):
