@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from django.db import IntegrityError, transaction
 
-from console.db import update_each
+from console.db import insert_each, update_each
 from sandboxes.engine.sizes import DEFAULT_SIZES, included_disk_mib
 
 from .models import MeteredUsage, Price, UsagePeriod
@@ -188,21 +188,21 @@ def open_periods(sandboxes: Sequence[Sandbox], at: dict[str, datetime], *, kind:
             prices[shape] = hourly_price(kind, *shape)
         started = at[sandbox.id]
         periods.append(
-            UsagePeriod(
-                team_id=sandbox.team_id,
-                api_key_id=sandbox.api_key_id,
-                sandbox_id=sandbox.id,
-                kind=kind,
-                size=sandbox.size or "custom",
-                labels=sandbox.labels,
-                unit_price=prices[shape],
-                started_at=started,
-                started_ms=int(started.timestamp() * 1000),  # bulk_create skips save()
-                reason=reason,
-            )
+            {
+                "team_id": sandbox.team_id,
+                "api_key_id": sandbox.api_key_id,
+                "sandbox_id": sandbox.id,
+                "kind": kind,
+                "size": sandbox.size or "custom",
+                "labels": sandbox.labels,
+                "unit_price": prices[shape],
+                "started_at": started,
+                "started_ms": int(started.timestamp() * 1000),  # save() is not called
+                "reason": reason,
+            }
         )
     # The partial unique index keeps an existing open period (reconciliation's) and drops ours.
-    return len(UsagePeriod.objects.bulk_create(periods, ignore_conflicts=True))
+    return insert_each(UsagePeriod, periods)
 
 
 @transaction.atomic

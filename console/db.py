@@ -94,3 +94,46 @@ def update_each(model: type[Model], fields: Sequence[str], rows: Sequence[tuple[
     ]
     with connection.cursor() as cursor:
         cursor.executemany(statement, params)
+
+
+def insert_each(model: type[Model], rows: Sequence[dict[str, Any] | Model]) -> int:
+    """Many new rows in one parametrised INSERT run for each (the driver's executemany), skipping a row a
+    unique constraint already holds (``ON CONFLICT DO NOTHING``, as ``bulk_create(ignore_conflicts=True)``);
+    how many went in.
+
+    ``bulk_create`` builds one statement with a placeholder per value in
+    Python, which cost a worker's launch record more than its other queries
+    (docs/benchmarks.md). A row is a dict of field names or a model instance
+    not saved yet; every column a dict leaves out gets its field's default,
+    and values go through each field's own conversion, as the ORM's would;
+    the model's ``save()`` is not called."""
+    if not rows:
+        return 0
+    meta = model._meta
+    columns = [field for field in meta.concrete_fields if field is not meta.auto_field]
+    names = {field.attname for field in columns} | {field.name for field in columns}
+    unknown = {name for row in rows if isinstance(row, dict) for name in row} - names
+    if unknown:
+        raise ValueError(f"not columns of {meta.label}: {sorted(unknown)}")
+    quote = connection.ops.quote_name
+    statement = (
+        f"INSERT INTO {quote(meta.db_table)} ({', '.join(quote(str(field.column)) for field in columns)}) "
+        f"VALUES ({', '.join(['%s'] * len(columns))}) ON CONFLICT DO NOTHING"
+    )
+
+    def value(field: models.Field[Any, Any], row: dict[str, Any] | Model) -> Any:
+        if isinstance(row, Model):
+            given = getattr(row, field.attname)
+        elif field.attname in row:
+            given = row[field.attname]
+        elif field.name in row:
+            given = row[field.name]
+            given = given.pk if isinstance(given, Model) else given
+        else:
+            given = field.get_default()
+        return field.get_db_prep_save(given, connection)
+
+    with connection.cursor() as cursor:
+        cursor.executemany(statement, [[value(field, row) for field in columns] for row in rows])
+        count: int = cursor.rowcount
+        return max(0, count)

@@ -15,7 +15,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import transaction
 
-from console.db import one_writer
+from console.db import insert_each, one_writer
 from console.sealing import unseal
 
 from .. import commands, placement, transitions
@@ -48,7 +48,7 @@ def dispatch(launch_id: str, sealed_env: str) -> int:
         with one_writer(), transaction.atomic():
             if not transitions.launch_admits_members(launch):
                 break  # torn down: nothing more is made
-            Sandbox.objects.bulk_create([launch.member(index, host, env) for index in indexes], ignore_conflicts=True)
+            insert_each(Sandbox, [launch.member(index, host, env) for index in indexes])
         ids = list(
             Sandbox.objects.filter(launch=launch, launch_index__in=indexes, state=Sandbox.State.QUEUED).values_list(
                 "pk", flat=True

@@ -22,7 +22,14 @@ from django.utils import timezone
 
 from billing.models import Price, UsagePeriod
 from billing.selectors import usage
-from billing.services import amount_for, install_default_prices, saved_state_transition, usage_transition
+from billing.services import (
+    amount_for,
+    install_default_prices,
+    open_running_periods,
+    saved_state_transition,
+    usage_transition,
+)
+from console.db import insert_each
 from console.keys import api_key_create
 from console.services import team_create
 from sandboxes.models import Sandbox, Snapshot
@@ -119,6 +126,24 @@ def test_the_database_refuses_a_second_open_period(sandbox):
         UsagePeriod.objects.create(
             team=sandbox.team, sandbox=sandbox, kind="running", unit_price=Decimal(1), started_at=timezone.now()
         )
+
+
+def test_a_launch_opens_its_periods_in_one_insert_and_keeps_an_open_one(make_sandbox):
+    started = [make_sandbox(), make_sandbox(), make_sandbox()]
+    at = {row.pk: datetime(2026, 12, 6, 8, 0, index, 250_000, tzinfo=UTC) for index, row in enumerate(started)}
+    usage_transition(sandbox=started[0], kind="running", at=at[started[0].pk] - timedelta(seconds=30))  # reconciliation's
+    assert open_running_periods(started, at) == 2  # the first one's open period stays, ours is dropped
+    periods = {period.sandbox_id: period for period in UsagePeriod.objects.filter(sandbox__in=started)}
+    assert len(periods) == 3
+    assert periods[started[0].pk].started_at == at[started[0].pk] - timedelta(seconds=30)
+    for row in started[1:]:
+        period = UsagePeriod.objects.get(pk=periods[row.pk].pk)  # read back as the database holds it
+        assert (period.kind, period.size, period.ended_at) == ("running", "tiny", None)
+        assert period.started_at == at[row.pk] and period.started_ms == epoch_ms(at[row.pk])
+        assert period.unit_price == rate("running", "tiny") and period.quantity_gib == Decimal(1)  # a field's default
+        assert period.created_at is not None and period.team_id == row.team_id
+    with pytest.raises(ValueError, match="not_a_column"):
+        insert_each(UsagePeriod, [{"not_a_column": 1}])
 
 
 def test_a_period_across_midnight_is_split_exactly_by_day(sandbox):
