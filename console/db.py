@@ -15,9 +15,11 @@ thread lives.  Without an error behind it the check costs no query.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import threading
 from collections.abc import Awaitable, Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from typing import Any, ParamSpec, TypeVar
 
@@ -41,6 +43,26 @@ def db(function: Callable[P, T]) -> Callable[P, Awaitable[T]]:
         return function(*args, **kwargs)
 
     return sync_to_async(checked, thread_sensitive=False)
+
+
+# Work a request started and does not wait for (a teardown's records): two threads of its own. On the
+# shared pool (a few threads on a small host) a teardown of thousands, each chunk's write waiting its
+# turn for SQLite's one writer, held every thread and left requests waiting minutes for one.
+_background = ThreadPoolExecutor(max_workers=2, thread_name_prefix="fy-background")
+
+
+def db_background(function: Callable[P, T]) -> Callable[P, Awaitable[T]]:
+    """As :func:`db`, on the background pool: for database work no request is waiting for."""
+
+    @functools.wraps(function)
+    async def run(*args: P.args, **kwargs: P.kwargs) -> T:
+        def checked() -> T:
+            _recycle_connections()
+            return function(*args, **kwargs)
+
+        return await asyncio.get_running_loop().run_in_executor(_background, checked)
+
+    return run
 
 
 def truncate_write_ahead_log() -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from django.conf import settings
 from django.utils import timezone
 
-from console.db import db
+from console.db import db_background
 from sandboxes.engine import errors as engine_errors
 
 from .. import engine_link, transitions
@@ -82,9 +82,8 @@ def _recorded(rows: list[Sandbox], answers: list[dict[str, Any]]) -> int:
     return len(destroyed)
 
 
-def _live_rows(host_id: int, sandbox_ids: Sequence[str]) -> tuple[Host | None, list[Sandbox]]:
-    rows = Sandbox.objects.filter(pk__in=list(sandbox_ids), host_id=host_id, state__in=Sandbox.LIVE)
-    return Host.objects.filter(pk=host_id).first(), list(rows)
+def _live_rows(host_id: int, sandbox_ids: Sequence[str]) -> list[Sandbox]:
+    return list(Sandbox.objects.filter(pk__in=list(sandbox_ids), host_id=host_id, state__in=Sandbox.LIVE))
 
 
 def take_down(host: Host, sandbox_ids: list[str]) -> int:
@@ -120,21 +119,27 @@ async def take_down_directly(stopping: Mapping[int, Sequence[str]]) -> int:
     recorded; failures are logged and left to the commands."""
 
     async def one_host(host_id: int, sandbox_ids: Sequence[str]) -> int:
-        host, rows = await db(_live_rows)(host_id, sandbox_ids)
-        rows = [row for row in rows if row.engine_id]
-        if host is None or not rows:
+        host = await db_background(Host.objects.filter(pk=host_id).first)()
+        if host is None:
             return 0
-        chunk = settings.FORKYARD_LAUNCH_CHUNK
+        # The host's worker takes the commands' chunks (the same chunks) from the first; this path takes
+        # them from the last, and reads each chunk's rows only when its turn comes: on a big teardown
+        # the two meet in the middle instead of destroying and recording every chunk twice over.
+        size = settings.FORKYARD_LAUNCH_CHUNK
+        chunks = [list(sandbox_ids[start : start + size]) for start in range(0, len(sandbox_ids), size)][::-1]
         # Two chunks in flight: the engine destroys one while the database records the other.
         gate = asyncio.Semaphore(2)
 
-        async def one_chunk(part: list[Sandbox]) -> int:
+        async def one_chunk(ids: list[str]) -> int:
             async with gate:
+                part = [row for row in await db_background(_live_rows)(host_id, ids) if row.engine_id]
+                if not part:
+                    return 0
                 async with engine_link.async_pool(host.engine_socket).client() as client:
                     answers = await client.destroy_many([row.engine_id for row in part])
-            return int(await db(_recorded)(part, answers))
+            return int(await db_background(_recorded)(part, answers))
 
-        return sum(await asyncio.gather(*(one_chunk(rows[start : start + chunk]) for start in range(0, len(rows), chunk))))
+        return sum(await asyncio.gather(*(one_chunk(ids) for ids in chunks)))
 
     outcomes = await asyncio.gather(*(one_host(host_id, ids) for host_id, ids in stopping.items() if ids), return_exceptions=True)
     for outcome in outcomes:

@@ -8,6 +8,8 @@ arrives, which the real engine's speed makes a matter of luck.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import threading
 from datetime import timedelta
 from typing import Any
@@ -161,6 +163,49 @@ def test_take_down_falls_back_to_a_destroy_each_on_an_engine_without_destroy_man
     assert all(
         engine.sandboxes[row.engine_id]["state"] == "destroyed" for row in Sandbox.objects.filter(pk__in=[r.pk for r in rows])
     )
+
+
+def test_the_web_servers_teardown_takes_the_chunks_from_the_last_and_skips_what_the_worker_ended(
+    cluster: Any, make_row: Any, sent: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A teardown is done twice over at once: the web server asks each engine itself (``take_down_directly``)
+    and the host's worker takes the same chunks from the queued commands, from the first. On a 32,752
+    teardown both destroyed and recorded every chunk, and the workers' commands hit "database is locked".
+    The web server now starts from the last chunk and reads each chunk's rows only when its turn comes."""
+    settings.FORKYARD_LAUNCH_CHUNK = 2
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    rows = [make_row(host=host) for _ in range(8)]
+    ids = [row.pk for row in rows]
+    bring_up.bring_up(host, ids)
+    for row in rows:
+        sandbox_destroy(sandbox=Sandbox.objects.get(pk=row.pk))
+    engine_ids = dict(Sandbox.objects.filter(pk__in=ids).values_list("pk", "engine_id"))
+    assert take_down.take_down(host, ids[0:2]) == 2  # the worker's first command, before the web server
+    calls: list[list[str]] = []
+    worker_done: list[asyncio.Event] = []
+
+    class Client:
+        async def destroy_many(self, sandbox_ids: list[str]) -> list[dict[str, Any]]:
+            calls.append(sandbox_ids)
+            if len(calls) == 1:  # meanwhile the worker takes its second command
+                worker_done.append(asyncio.Event())
+                await asyncio.to_thread(take_down.take_down, host, ids[2:4])
+                worker_done[0].set()
+            else:  # the chunks after these two wait their turn until the worker is done
+                await worker_done[0].wait()
+            return engine.destroy_many(sandbox_ids)
+
+    class Pool:
+        @contextlib.asynccontextmanager
+        async def client(self) -> Any:
+            yield Client()
+
+    monkeypatch.setattr(take_down.engine_link, "async_pool", lambda socket_path: Pool())
+    assert asyncio.run(take_down.take_down_directly({host.pk: ids})) == 4
+    # The last two chunks (two in flight at once), and none the worker had ended before its turn came.
+    assert sorted(map(sorted, calls)) == sorted(sorted(engine_ids[pk] for pk in ids[start : start + 2]) for start in (4, 6))
+    assert set(Sandbox.objects.filter(pk__in=ids).values_list("state", flat=True)) == {S.DESTROYED}
 
 
 # --- launches: dispatch, and teardown winning whatever the order ---------------------------------
