@@ -145,6 +145,8 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
     rows = list(
         Sandbox.objects.filter(pk__in=sandbox_ids, host=host, state=Sandbox.State.CREATING).select_related("network_policy")
     )
+    # Every row read back creating (a launch's chunk, as a rule): none can have been torn down unmade.
+    unmade = _ended_unmade(host, sandbox_ids) if len(rows) < len(set(sandbox_ids)) else []
     missing = snapshots_missing(host, rows)
     counts = {"running": 0, "failed": 0, "destroyed": 0}
     # Reconciliation takes a creating row whose engine sandbox runs but which no
@@ -178,8 +180,22 @@ def bring_up(host: Host, sandbox_ids: list[str]) -> dict[str, int]:
                 counts["running"] += len(started.running) + len(started.recorded_before)
                 counts["destroyed"] += len(started.to_destroy)
                 batch = []
-    settle_launches(rows)
+    settle_launches(rows + unmade)
     return counts
+
+
+def _ended_unmade(host: Host, sandbox_ids: list[str]) -> list[Sandbox]:
+    """Rows torn down between their claim and now (``stopping``, no engine sandbox), that no create
+    of this process is at: nobody will make them, so they end now, destroyed, instead of waiting
+    for a create that never comes. A create elsewhere that does come back finds its row ended and
+    destroys what it made (``transitions.sandboxes_started``)."""
+    unmade = [
+        row
+        for row in Sandbox.objects.filter(pk__in=sandbox_ids, host=host, state=Sandbox.State.STOPPING, engine_id="")
+        if not is_at_work(row.pk)
+    ]
+    transitions.sandboxes_destroyed([(row, None) for row in unmade])
+    return unmade
 
 
 def settle_launches(rows: Iterable[Sandbox]) -> None:

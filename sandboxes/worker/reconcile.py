@@ -5,14 +5,16 @@ it keeps the record honest while the broker is down, and it covers what a
 lost command would leave behind:
 
 1. A started row whose engine sandbox is gone ends (``stopped`` or
-   ``destroyed``) at the engine's own end time, and its billing closes then.
+   ``destroyed``) at the engine's own end time, and its billing closes then;
+   a stopping one only once its teardown is taken for lost.
 2. An engine sandbox that no live row names is looked up by its key (the
    row's id): a row still ``creating`` long after its worker last showed a
    sign of life lost that worker after the engine made it, and is adopted;
    otherwise the sandbox is nobody's and is destroyed.
 3. Rows stuck ``queued``/``creating``/``stopping`` longer than
    ``FORKYARD_STUCK_AFTER_S`` have their command queued again (they are
-   idempotent); rows this process is still creating are left alone.
+   idempotent); rows this process is still creating are left alone. A
+   stopping row that never reached the engine ends, destroyed.
 4. Billing, both ways: a running sandbox without an open period gets one
    from its ready time; an open period of an ended sandbox closes at its end.
 5. Snapshots still ``creating`` long after their worker last touched them are queued again.
@@ -39,7 +41,7 @@ from sandboxes.engine import errors as engine_errors
 
 from .. import commands, engine_link, transitions
 from ..models import Host, Sandbox
-from .bring_up import is_at_work
+from .bring_up import is_at_work, settle_launches
 from .leases import expire_leases
 from .snapshots import requeue_stuck_snapshots
 from .template_builds import forget_ended_logs, requeue_stuck_builds
@@ -68,7 +70,8 @@ def reconcile(host: Host) -> dict[str, int]:
     _claim_the_unclaimed(
         host, client, {engine_id: record for engine_id, record in live.items() if engine_id not in claimed}, counts
     )
-    counts["requeued"] = _requeue_stuck(host) + requeue_stuck_snapshots(host) + requeue_stuck_builds()
+    keys = {str(record.get("key") or "") for record in live.values()}
+    counts["requeued"] = _requeue_stuck(host, keys) + requeue_stuck_snapshots(host) + requeue_stuck_builds()
     counts["build_logs_cleared"] = forget_ended_logs()
     counts["billing_fixed"] = reconcile_billing(host)
     counts["lease_destroyed"] = lease_destroyed
@@ -80,9 +83,16 @@ def _end_the_gone(host: Host, client: Any, live: dict[str, dict[str, Any]], coun
     started = [S.RUNNING, S.PAUSED, S.STOPPING]
     claimed: set[str] = set()
     gone: list[str] = []  # rows of started sandboxes that their engine no longer runs
+    # A stopping row is its teardown's to record, once its engine has destroyed the sandbox: ended here
+    # as well, a teardown's every member cost a lookup in the engine and a transaction of its own twice
+    # over. One stopping for longer than that lost its teardown, and ends here (before step 3 queues it
+    # again and makes it look fresh).
+    recording = _stuck_before()
     rows = Sandbox.objects.filter(host=host, state__in=Sandbox.LIVE).exclude(engine_id="")
-    for engine_id, pk, state in rows.values_list("engine_id", "pk", "state"):
+    for engine_id, pk, state, updated_at in rows.values_list("engine_id", "pk", "state", "updated_at"):
         claimed.add(engine_id)
+        if state == S.STOPPING and updated_at >= recording:
+            continue
         if state in started and live.get(engine_id, {}).get("state", "destroyed") in ("stopped", "destroyed"):
             gone.append(pk)
     for sandbox in (row for ids in _chunks(gone) for row in Sandbox.objects.filter(pk__in=ids, state__in=started)):
@@ -167,9 +177,15 @@ def _claim_by_key(host: Host, engine_id: str, record: dict[str, Any], row: Sandb
     return "orphan"
 
 
-def _requeue_stuck(host: Host) -> int:
+def _requeue_stuck(host: Host, keys: set[str]) -> int:
     """Step 3. Not rows this process is still creating: a big chunk on a busy host outlasts
-    FORKYARD_STUCK_AFTER_S between heartbeats, and a second command for its rows would only race the first."""
+    FORKYARD_STUCK_AFTER_S between heartbeats, and a second command for its rows would only race the first.
+
+    A stuck stopping row with no engine sandbox, none at work and none the engine
+    lists under its key (``keys``), was torn down before any create reached the
+    engine: it ends, destroyed. Queued again, it would only wait for a create
+    that never comes (``take_down`` leaves such a row to its create), each
+    pass making it look fresh."""
     stuck = [
         sandbox_id
         for sandbox_id in Sandbox.objects.filter(
@@ -180,13 +196,22 @@ def _requeue_stuck(host: Host) -> int:
     if stuck:
         Sandbox.objects.filter(pk__in=stuck).update(updated_at=timezone.now())
         commands.ensure_running(host, stuck)
-    stopping = list(
-        Sandbox.objects.filter(host=host, state=S.STOPPING, updated_at__lt=_stuck_before()).values_list("pk", flat=True)[:1000]
-    )
+    stopping: list[str] = []
+    unmade: list[Sandbox] = []
+    for sandbox in Sandbox.objects.filter(host=host, state=S.STOPPING, updated_at__lt=_stuck_before()).only(
+        "pk", "engine_id", "launch_id"
+    )[:1000]:
+        if sandbox.engine_id:
+            stopping.append(sandbox.pk)
+        elif not is_at_work(sandbox.pk) and sandbox.pk not in keys:
+            unmade.append(sandbox)
+    if unmade:
+        transitions.sandboxes_destroyed([(sandbox, None) for sandbox in unmade])
+        settle_launches(unmade)
     if stopping:
         Sandbox.objects.filter(pk__in=stopping).update(updated_at=timezone.now())
         commands.ensure_gone(host, stopping)
-    return len(stuck) + len(stopping)
+    return len(stuck) + len(stopping) + len(unmade)
 
 
 def reconcile_billing(host: Host) -> int:

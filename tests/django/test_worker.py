@@ -297,6 +297,30 @@ def test_a_launch_torn_down_while_its_sandboxes_are_being_created_leaves_none_ru
     assert Launch.objects.get(pk=launch.pk).state == Launch.State.STOPPED
 
 
+def test_a_launch_torn_down_between_a_chunks_claim_and_its_creates_ends_at_once(
+    cluster: Any, team: Any, sent: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI: DELETE right after POST left a launch "stopping" for good, every member ended but a few stuck
+    "stopping": claimed (creating) by the worker, torn down before it read them back, so never created,
+    and each take-down left them to a create that never came. Nothing is made; they end now."""
+    host = cluster.add_host("h1")
+    launch = _launch(team, 4)
+    dispatch.dispatch(launch.pk, "")
+    [(_, ids)] = sent.named(Command.ENSURE_RUNNING)
+    claimed = bring_up.transitions.sandboxes_claimed
+
+    def claimed_then_torn_down(sandbox_ids: Any, on: Host) -> int:
+        moved = claimed(sandbox_ids, on)
+        launch_destroy(launch=Launch.objects.get(pk=launch.pk))
+        return moved
+
+    monkeypatch.setattr(bring_up.transitions, "sandboxes_claimed", claimed_then_torn_down)
+    assert bring_up.bring_up(host, ids) == {"running": 0, "failed": 0, "destroyed": 0}
+    assert not creates(cluster.engine(host))
+    assert set(Sandbox.objects.filter(launch=launch).values_list("state", flat=True)) == {S.DESTROYED}
+    assert Launch.objects.get(pk=launch.pk).state == Launch.State.STOPPED
+
+
 # --- reconciliation ------------------------------------------------------------------------------
 
 
@@ -337,6 +361,61 @@ def test_reconcile_brings_the_record_and_the_engine_back_together(cluster: Any, 
         "lease_destroyed": 0,
         "build_logs_cleared": 0,
     }
+
+
+def test_reconcile_leaves_a_stopping_row_to_its_teardown_until_that_is_lost(
+    cluster: Any, make_row: Any, sent: Any, settings: Any
+) -> None:
+    """A teardown destroys its members in the engine, then records them: reconciliation in between used to
+    look each up in the engine and end it itself, every member twice over. A stopping row whose engine
+    sandbox is gone is ended here only once it has been stopping for FORKYARD_STUCK_AFTER_S (its teardown
+    was lost), at the engine's end time; a started row that died is ended at once, as before."""
+    settings.FORKYARD_STUCK_AFTER_S = 60
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    rows = {name: make_row(S.STOPPING if name != "died" else S.RUNNING, host=host) for name in ("fresh", "lost", "died")}
+    for row in rows.values():
+        record = engine.create(template="base", key=row.pk)
+        Sandbox.objects.filter(pk=row.pk).update(engine_id=record["id"])
+        engine.destroy(record["id"])  # gone from the engine, not recorded yet
+    Sandbox.objects.filter(pk=rows["lost"].pk).update(updated_at=timezone.now() - timedelta(minutes=5))
+    engine.calls.clear()
+
+    assert reconcile.reconcile(host)["ended"] == 2
+    states = {name: Sandbox.objects.get(pk=row.pk) for name, row in rows.items()}
+    assert states["fresh"].state == S.STOPPING, "its teardown records it"
+    assert states["lost"].state == S.DESTROYED and states["died"].state == S.DESTROYED
+    lost_engine = engine.sandboxes[states["lost"].engine_id]
+    assert abs(states["lost"].ended_at.timestamp() - lost_engine["ended_at"]) < 0.001, "billed to the engine's end"
+    assert sorted(args["id"] for op, args in engine.calls if op == "get") == sorted(
+        [states["lost"].engine_id, states["died"].engine_id]
+    ), "the fresh one is not looked up"
+
+
+def test_reconcile_ends_a_stuck_stopping_row_that_never_reached_the_engine(
+    cluster: Any, make_row: Any, sent: Any, settings: Any
+) -> None:
+    """Queued again, such a row only looked fresh to the take-down, which left it to its create: stuck for
+    good. A stuck stopping row whose engine sandbox exists under its key is destroyed through it instead."""
+    settings.FORKYARD_STUCK_AFTER_S = 60
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    long_ago = timezone.now() - timedelta(minutes=5)
+    unmade = make_row(S.STOPPING, host=host)
+    made = make_row(S.STOPPING, host=host)
+    late = engine.create(template="base", key=made.pk)  # its create reached the engine; nobody recorded it
+    fresh = make_row(S.STOPPING, host=host)  # a create may still be on its way: left alone
+    Sandbox.objects.filter(pk__in=[unmade.pk, made.pk]).update(updated_at=long_ago)
+
+    counts = reconcile.reconcile(host)
+    assert Sandbox.objects.get(pk=unmade.pk).state == S.DESTROYED
+    assert Sandbox.objects.get(pk=fresh.pk).state == S.STOPPING
+    assert engine.sandboxes[late["id"]]["state"] == "destroyed" and counts["orphans_destroyed"] == 1
+    assert Sandbox.objects.get(pk=made.pk).engine_id == late["id"]
+    assert [made.pk] in [ids for _, ids in sent.named(Command.ENSURE_GONE)]
+    take_down.take_down(host, [made.pk])
+    assert Sandbox.objects.get(pk=made.pk).state == S.DESTROYED
+    assert not sent.named(Command.ENSURE_GONE)[1:], "one command, for the row with an engine sandbox"
 
 
 def test_reconcile_clears_ended_builds_logs_and_requeues_a_build_its_worker_lost(cluster: Any, team: Any, sent: Any) -> None:
@@ -488,8 +567,12 @@ def test_an_upload_silent_too_long_fails_and_a_stuck_snapshot_is_queued_again(
     host = cluster.add_host("h1")
     source = make_row(Sandbox.State.RUNNING, host=host)
     taken = Snapshot.objects.create(team=team, name="taken", template="base", host=host, source_sandbox=source)
-    upload = Snapshot.objects.create(id="snap_upload0000000001", team=team, name="image", template="snap_upload0000000001", host=host)
-    fresh = Snapshot.objects.create(id="snap_upload0000000002", team=team, name="image", template="snap_upload0000000002", host=host)
+    upload = Snapshot.objects.create(
+        id="snap_upload0000000001", team=team, name="image", template="snap_upload0000000001", host=host
+    )
+    fresh = Snapshot.objects.create(
+        id="snap_upload0000000002", team=team, name="image", template="snap_upload0000000002", host=host
+    )
     long_ago = timezone.now() - snapshots.STUCK_AFTER - timedelta(seconds=5)
     Snapshot.objects.filter(pk__in=[taken.pk, upload.pk]).update(updated_at=long_ago)
 
