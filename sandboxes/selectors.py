@@ -354,12 +354,17 @@ def launch_members_page(
 
 
 def launch_members_ready(launch: Launch, since: datetime | None) -> list[tuple[str, datetime]]:
-    """Ids and ready times of a launch's started members ready since ``since`` (all of them without it),
-    in the order they became ready: what a caller following the launch has to look at, and no more."""
+    """Ids of a launch's started members written since ``since`` (all of them without it), in the order
+    they became ready, each with the time its row was last written: what a caller following the launch
+    has to look at, and no more.
+
+    By the write's time, not the engine's ready time: a worker records started sandboxes in batches, so a
+    row can be written a second or more after its sandbox was ready, and a look by ready time had to
+    reach that far back every time; the write is stamped at the writer's turn, just before its commit."""
     rows = Sandbox.objects.filter(launch=launch, state__in=Sandbox.STARTED, ready_at__isnull=False)
     if since is not None:
-        rows = rows.filter(ready_at__gte=since)
-    return [(pk, ready_at) for pk, ready_at in rows.order_by(*READY_ORDER).values_list("pk", "ready_at") if ready_at]
+        rows = rows.filter(updated_at__gte=since)
+    return list(rows.order_by(*READY_ORDER).values_list("pk", "updated_at"))
 
 
 def launch_member_ids(launch: Launch) -> list[str]:

@@ -47,9 +47,9 @@ KEEPALIVE_S = 2.0  # a progress line at least this often
 # How often the launch itself (its progress: counts over every member) is read; the ready members are read
 # every poll. Reading both every 100 ms was most of the web server's work for a launch.
 PROGRESS_S = 0.5
-# How far back each look reaches before the latest member seen: a member is recorded a little after
-# its engine stamped it ready, in batches (the SDK's listing-based wait looked back as far).
-LATE_WRITES = timedelta(seconds=2)
+# How far back each look reaches before the latest write seen: a transaction that records members commits
+# a little after it stamped them (a batch of 64); one that commits later than this is still sent, at the end.
+LATE_WRITES = timedelta(seconds=1)
 CHUNK = 500  # members read in full at once
 
 
@@ -86,13 +86,13 @@ async def _send(ids: list[str], access: Access | None) -> AsyncIterator[bytes]:
 
 async def arrivals(launch: Launch, access: Access | None) -> AsyncIterator[bytes]:
     sent: set[str] = set()
-    since = None  # the latest ready time seen (the look-ups come in ready order)
+    since = None  # the latest write seen
     last_progress: dict[str, Any] | None = None
     last_line = looked = 0.0
     while True:
         ready = await db(selectors.launch_members_ready)(launch, since - LATE_WRITES if since is not None else None)
         if ready:
-            since = max(ready[-1][1], since or ready[-1][1])
+            since = max(max(written for _, written in ready), since or ready[0][1])
         fresh = [pk for pk, _ in ready if pk not in sent]
         async for line in _send(fresh, access):
             yield line
