@@ -1706,10 +1706,16 @@ class Engine:
         return fd, size
 
     async def write_file(
-        self, sandbox_id: Any, path: str, chunks: Callable[[], Iterator[bytes]], mode: int = 0o644, make_parents: bool = False
+        self,
+        sandbox_id: Any,
+        path: str,
+        chunks: Callable[[], Iterator[bytes]] | bytes,
+        mode: int = 0o644,
+        make_parents: bool = False,
     ) -> dict[str, Any]:
         """Create or replace a sandbox's file from ``chunks`` (a blocking iterator, pulled in the writer's
-        thread), charged to the sandbox (``with_writer``), at most ``max_file_bytes``: ``{path, bytes}``."""
+        thread, or the whole content), charged to the sandbox (``with_writer``), at most ``max_file_bytes``:
+        ``{path, bytes}``."""
         limit = self.config.max_file_bytes
 
         def write(tree: Any) -> dict[str, Any]:

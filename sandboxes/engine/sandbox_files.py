@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterator
 from typing import NamedTuple
 
 from .errors import EngineError, FileExists, InvalidPath, NotADirectory, NotAFile, SandboxNotRunning, TooLarge
-from .kernel import Kernel
+from .kernel import RESOLVE_NO_SYMLINKS, Kernel, KernelError
 from .trees import IdShift, Tree, clean_path, split_parent
 
 # struct file_request (files.c): op, mode, uid, gid, flags, mtime in nanoseconds.
@@ -292,6 +292,9 @@ class SandboxTree(Tree):
             return
         if ".." in relative.split("/"):
             raise InvalidPath("'..' is not allowed when creating directories", path=path)
+        if self._directory_there(relative):
+            self.made.add(relative)  # nothing to make: a round trip to the writer saved (every SDK write asks)
+            return
         try:
             self._send("D", relative, mode=mode, uid=uid, gid=gid)
             reply = self._reply()
@@ -301,6 +304,19 @@ class SandboxTree(Tree):
             # The writer names the component that failed, as Tree does.
             raise self._failure(reply, "/" + reply.text if reply.text else path)
         self.made.add(relative)
+
+    def _directory_there(self, relative: str) -> bool:
+        """Is every component of ``relative`` a directory already, reached without a symlink? Then the
+        writer's mkdir -p would make nothing and find the same directory; anything else (a missing
+        component, a symlink, another mount) is left to the writer, whose answer is the one that counts."""
+        try:
+            fd = self.kernel.openat2(
+                self.root_fd, relative, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC, self.resolve | RESOLVE_NO_SYMLINKS
+            )
+        except KernelError:
+            return False
+        os.close(fd)
+        return True
 
     def write(
         self,

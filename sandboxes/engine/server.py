@@ -23,7 +23,7 @@ from . import ports, protocol, template_store
 from .engine import VERSION, Engine
 from .errors import EngineError, InvalidImage, InvalidRequest, TemplateImportFailed, TooLarge
 from .execution import ExecResult
-from .gateway import Gateway
+from .gateway import SMALL_BODY, Gateway
 from .protocol import DATA, END, HEADER, JSON, OUTPUT_TAGS, ProtocolError, encode, encode_json, read_frame
 
 log = logging.getLogger("forkyard.engine.server")
@@ -404,7 +404,22 @@ async def op_files_write(call: Call) -> Any:
     assert call.body is not None
     loop = asyncio.get_running_loop()
     body = call.body
-    return await call.engine.write_file(call.args.get("id"), path, lambda: body.blocking_chunks(loop), mode, make_parents)
+    # The first SMALL_BODY bytes are read here, on the loop: a small file (most are) is then written whole,
+    # and the writer's thread waits on the loop for a chunk only when there is more (as the gateway does).
+    head: list[bytes] = []
+    size = 0
+    while size <= SMALL_BODY:
+        chunk = await body.next_chunk()
+        if chunk is None:
+            return await call.engine.write_file(call.args.get("id"), path, b"".join(head), mode, make_parents)
+        head.append(chunk)
+        size += len(chunk)
+
+    def chunks() -> Iterator[bytes]:
+        yield from head
+        yield from body.blocking_chunks(loop)
+
+    return await call.engine.write_file(call.args.get("id"), path, chunks, mode, make_parents)
 
 
 async def op_files_list(call: Call) -> Any:

@@ -11,6 +11,7 @@ limit, before it is read; the team's rate.
 from __future__ import annotations
 
 import base64
+import re
 import socket
 import time
 import uuid
@@ -314,3 +315,25 @@ def test_another_route_is_not_found(api: httpx.Client, gateway: httpx.Client, ru
     for method, path in (("GET", f"/api/v1/sandboxes/{running}"), ("DELETE", f"/api/v1/sandboxes/{running}"), ("GET", "/")):
         assert refusal(gateway.request(method, path)) == (404, "not_found")
     assert api.get(f"/api/v1/sandboxes/{running}").json()["state"] == "running"
+
+
+def test_a_request_without_an_id_is_given_one_of_its_own(gateway: httpx.Client, running: str) -> None:
+    files = f"/api/v1/sandboxes/{running}/files"
+    given = [gateway.get(files, params={"path": "/etc/hostname"}).headers["x-request-id"] for _ in range(3)]
+    given.append(gateway.get("/").headers["x-request-id"])  # a refusal carries one too
+    assert len(set(given)) == len(given), given
+    assert all(re.fullmatch(r"[0-9a-f]{32}", each) for each in given), given
+
+
+def test_a_small_write_into_a_symlinked_directory_is_judged_by_the_writer(
+    api: httpx.Client, gateway: httpx.Client, running: str
+) -> None:
+    """Every parent there already is a directory, so no mkdir -p is asked of the sandbox's writer; a parent
+    reached through a symlink still is, and lands where the writer's own resolution puts it."""
+    files = f"/api/v1/sandboxes/{running}/files"
+    made = api.post(f"/api/v1/sandboxes/{running}/exec", json={"cmd": "mkdir -p /tmp/gw-real && ln -sfn /tmp/gw-real /tmp/gw-link"})
+    assert made.json()["exit_code"] == 0, made.text
+    for path in ("/tmp/gw-real/direct", "/tmp/gw-link/through-a-link"):
+        assert gateway.put(files, params={"path": path}, content=b"small").json() == {"path": path, "bytes": 5}
+    listed = api.post(f"/api/v1/sandboxes/{running}/exec", json={"cmd": "ls /tmp/gw-real"}).json()["stdout"]
+    assert listed.split() == ["direct", "through-a-link"]
