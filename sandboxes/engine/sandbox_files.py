@@ -99,7 +99,7 @@ class FileWriter:
 
     def reply(self) -> Reply:
         try:
-            data, ancillary, _, _ = self.socket.recvmsg(MAX_REPLY, socket.CMSG_SPACE(4))
+            data, ancillary, _, _ = self.socket.recvmsg(MAX_REPLY, socket.CMSG_SPACE(4), socket.MSG_CMSG_CLOEXEC)
         except OSError as error:
             raise WriterGone(str(error)) from error
         fd = None

@@ -24,6 +24,16 @@ def test_write_then_read_then_seen_by_exec(engine, sandbox):
     assert engine.exec(sandbox, "wc -c < /data/blob.bin").stdout.strip() == str(len(data)).encode()
 
 
+def test_a_program_written_runs_at_once(engine, sandbox):
+    """The writer closes the file before it answers: running what was just written is never "Text file
+    busy" (ETXTBSY, the kernel refusing to run a file something holds open to write)."""
+    for round_number in range(100):
+        script = f"#!/bin/sh\necho round {round_number}\n".encode()
+        engine.write_file(sandbox, "/opt/run/step", script, mode=0o755, make_parents=True)
+        result = engine.exec(sandbox, ["/opt/run/step"])
+        assert (result.exit_code, result.stdout) == (0, f"round {round_number}\n".encode()), result
+
+
 def test_written_files_belong_to_root_inside(engine, sandbox):
     engine.write_file(sandbox, "/tmp/owned", b"x", mode=0o600)
     assert engine.exec(sandbox, "stat -c '%u %g %a' /tmp/owned").stdout.strip() == b"0 0 600"

@@ -314,18 +314,24 @@ static void write_file(const struct file_request *request, char *path, int conte
         reply_error(errno, "");
     } else {
         send_packet("O", 1, fd);
+        int failed = 0;
         if (copy_content(content, fd, &copied) < 0) {
-            int saved = errno;
+            failed = errno;
             close(content); /* the engine stops feeding (EPIPE) and empties the file */
             content = -1;
-            reply_error(saved, "");
         } else {
             struct timespec times[2];
             times[0].tv_sec = times[1].tv_sec = request->mtime_ns / 1000000000;
             times[0].tv_nsec = times[1].tv_nsec = request->mtime_ns % 1000000000;
-            if ((request->flags & FILE_MTIME) && futimens(fd, times) < 0) reply_error(errno, "");
-            else reply_done(copied);
+            if ((request->flags & FILE_MTIME) && futimens(fd, times) < 0) failed = errno;
         }
+        /* Closed before the answer: once the engine hears it, nothing of ours holds the file open to
+         * write, so running it at once is not "Text file busy". */
+        close(fd);
+        if (content >= 0) close(content);
+        if (failed) reply_error(failed, "");
+        else reply_done(copied);
+        return;
     }
     close(fd);
     if (content >= 0) close(content);
