@@ -393,9 +393,10 @@ class Engine:
             time.time(),
         )
 
-    def _free_range(self, record: SandboxRecord) -> None:
-        """The sandbox's uid range may go once its cgroup is gone (uid_ranges.py)."""
-        if record.root_uid and not self.cgroups.exists(record.cgroup):
+    def _free_range(self, record: SandboxRecord, cgroup_removed: bool = False) -> None:
+        """The sandbox's uid range may go once its cgroup is gone (uid_ranges.py); ``cgroup_removed``: it
+        was just removed without an error, so it need not be looked for."""
+        if record.root_uid and (cgroup_removed or not self.cgroups.exists(record.cgroup)):
             self.ranges.release(record.root_uid, record.id, time.time())
 
     def _cgroup_of(self, sandbox_id: str) -> str:
@@ -562,8 +563,10 @@ class Engine:
                 self.network.detach(record.id, record.network.get("address", ""), record.network.get("group", ""))
             except EngineError as error:
                 log.error("removing the network of %s: %s", record.id, error)
+        cgroup_removed = False
         try:
-            self.cgroups.remove(record.cgroup)
+            self.cgroups.remove(record.cgroup)  # raises unless every directory of it is gone
+            cgroup_removed = True
             self.cgroups.remove_empty_group(split_name(record.cgroup)[0])  # its last member gone: the group goes
         except EngineError as error:
             log.error("removing cgroup of %s: %s", record.id, error)
@@ -576,7 +579,7 @@ class Engine:
                 self.disks.remove(record.id)  # its space comes back as btrfs's cleaner gets to it
             except EngineError as error:
                 log.error("%s", error)  # recovery's reclaim deletes it at the next start
-        self._free_range(record)
+        self._free_range(record, cgroup_removed)
 
     # --- queries ------------------------------------------------------------------
 

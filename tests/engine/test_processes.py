@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from sandboxes.engine import errors
+from sandboxes.engine.cgroups import detect
 from sandboxes.engine.processes import BUFFER_BYTES, MAX_PER_SANDBOX
 from sandboxes.engine.protocol import decode_json, encode_json, read_frame_sync
 from tests.engine.engines import sandbox_processes, wait_for
@@ -177,6 +178,19 @@ def test_processes_go_with_their_sandbox_and_are_its_own(engine):
     assert engine.info()["processes"] == held - 1, "its record went with the sandbox"
     with pytest.raises((errors.NotFound, errors.SandboxNotRunning)):
         engine.call("processes.get", id=first, pid=pid)
+
+
+def test_a_destroy_removes_every_cgroup_of_its_sandbox_exec_cgroups_included(engine_process, engine):
+    """A destroy removes each cgroup directory at once when the kernel lets it; one the kernel refuses
+    (an exec cgroup below it) is walked and emptied first. Either way nothing is left in any hierarchy."""
+    sandbox = engine.create(template="base", size="tiny")["id"]
+    start(engine, sandbox, "sleep 600")
+    start(engine, sandbox, "setsid sh -c 'sleep 600 & sleep 600'")
+    directories = detect(engine_process.config).directories(f"fy-{sandbox}")
+    below = [child for directory in directories for child in directory.iterdir() if child.is_dir()]
+    assert below, "each background process runs in an exec cgroup below its sandbox's"
+    engine.destroy(sandbox)
+    assert [directory for directory in [*directories, *below] if directory.exists()] == []
 
 
 def test_attach_streams_output_and_ending_it_leaves_the_process(engine_process, engine, sandbox):
