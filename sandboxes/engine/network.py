@@ -402,6 +402,11 @@ class Network:
             ]
         )
         self._load()
+        # The netlink thread's socket (a teardown's, when a sandbox's device outlives its namespace) is made
+        # now, with the rest that every sandbox with a network shares: not by whichever teardown first
+        # meets such a device, which under load is any of them, and the engine's descriptors then grew by
+        # its four (socket, event loop) in the middle of a run.
+        _netlink(lambda ipr: None)
         self._ready = True
 
     def _load(self) -> None:

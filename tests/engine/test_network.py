@@ -422,7 +422,7 @@ def test_create_destroy_cycles_with_a_policy_leave_nothing(net_engine: EnginePro
             client.destroy(sandbox)
         assert host_devices(net_engine) == [] and table_objects(net_engine) == []
         # The engine holds no more descriptors than after the first: nothing a cycle opened stayed open.
-        assert engine_fds() <= before
+        assert engine_fds() <= before, sorted(os.readlink(entry) for entry in Path(f"/proc/{net_engine.pid}/fd").iterdir())
         # The engine's resolver sockets went with them.
         assert client.info()["sandboxes"] == 0
     sockets = [entry for entry in Path("/proc/net/udp").read_text().splitlines()[1:] if entry.split()[1].endswith(":0035")]
