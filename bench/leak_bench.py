@@ -25,8 +25,10 @@ moving):
   and reaper, mounts under the engine's state directory, its cgroups, control
   sockets, the engine's and spawner's file descriptors and sockets (one of
   slack each: the census's own connection), the engine's threads, the files
-  and bytes of the state directory (its record and logs aside: below), and the
-  firewall ruleset;
+  and bytes of the state directory (its record and logs aside: below), the
+  firewall ruleset, and the quota groups of the disk pool (btrfs keeps one
+  per subvolume; a deleted disk's goes once the cleaner has dropped the
+  subvolume, which the census waits for);
 * within ``--slab-tolerance`` (5 % by default): the kernel's unreclaimable
   slab (``SUnreclaim``);
 * reported only: the record's size (a destroyed sandbox's tombstone is kept
@@ -82,6 +84,7 @@ CHECKED = (
     "mount_dir_bytes",
     "layers_bytes",
     "firewall_rules",
+    "disk_quota_groups",
 )
 SLACK = {"engine_sockets": 1, "spawner_sockets": 1}
 RECORD_FILES = ("engine.sqlite3", "engine.sqlite3-wal", "engine.sqlite3-shm")
@@ -218,6 +221,24 @@ def firewall_rules() -> int:
     return len([line for line in completed.stdout.splitlines() if line.strip()])
 
 
+def disk_quota_groups(state_dir: Path) -> int:
+    """The level-0 quota groups of the engine's btrfs disk pool, once btrfs's cleaner has dropped the
+    subvolumes deleted so far (a deleted disk's group goes with it); -1 without a btrfs pool."""
+    pool = state_dir / "disks"
+    source = next(
+        (fields[0] for fields in (line.split() for line in Path("/proc/mounts").read_text().splitlines())
+         if fields[1] == str(pool) and fields[2] == "btrfs"),
+        "",
+    )
+    device = os.path.basename(source)
+    sysfs = next((path.parents[1] for path in Path("/sys/fs/btrfs").glob(f"*/devices/{device}")), None) if device else None
+    if sysfs is None or not shutil.which("btrfs"):
+        return -1
+    for command in (["btrfs", "subvolume", "sync", str(pool)], ["btrfs", "filesystem", "sync", str(pool)]):
+        subprocess.run(command, capture_output=True, check=False, timeout=120)
+    return sum(1 for entry in (sysfs / "qgroups").iterdir() if entry.name.startswith("0_"))
+
+
 def census(engine: EngineProcess) -> dict[str, int]:
     host = snapshot_host(engine)  # waits until its own counts stop moving
     with engine.client() as client:
@@ -234,6 +255,7 @@ def census(engine: EngineProcess) -> dict[str, int]:
         "spawner_rss_kib": _status(spawner, "VmRSS"),
         "memory_cgroups": memory_cgroups(),
         "firewall_rules": firewall_rules(),
+        "disk_quota_groups": disk_quota_groups(engine.config.state_dir),
         "slab_unreclaimable_kib": meminfo_kib("SUnreclaim"),
     }
 
