@@ -98,6 +98,9 @@ def test_presenter_mode_scales_to_whole_pixels_with_gaps_and_no_navigation(conso
     assert abs(shown_width - geometry["canvasWidth"]) < 0.5, "one canvas pixel per device pixel: nothing is smoothed"
     first = console.evaluate("window.forkyardBoard.position(0)")
     block = geometry["block"]
+    # Sizing the canvas for presenter mode clears it (every pixel transparent) until the next frame: the
+    # pixels are read once that frame is drawn (opaque), then must be exactly the launch's and the gap's.
+    console.wait_for_function(f"(xy) => ({PIXEL})(xy)[3] === 255", arg=[first["x"], first["y"]], timeout=10_000)
     assert console.evaluate(PIXEL, [first["x"] + block - 1, first["y"] + block - 1]) == RUNNING_RGBA
     assert console.evaluate(PIXEL, [first["x"] + block, first["y"]]) == BACKGROUND_RGBA, "the gap is background"
     screenshot(console, artifacts, "board-presenter")
