@@ -67,11 +67,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.engine_bench import (  # noqa: E402
+    CreateCpu,
     Forkyard,
     conclude,
     conditions,
     cpu_seconds,
     fleet,
+    settle,
     summary,
     timed,
     write_report,
@@ -94,16 +96,37 @@ THROUGHPUT_CONNECTIONS = 32
 
 
 class Processes:
-    """CPU used by the product's processes between two moments (schedstat: all threads)."""
+    """CPU used between two moments (schedstat: all threads), by process: the product's (web server,
+    board, workers, engine, spawner, zygote), the sandboxes' own inits made meanwhile, this benchmark's
+    client (it stands in for the trainer on the same machine), and the machine's total: what the
+    launch costs two cores, and whose it is."""
 
     def __init__(self, stack: Stack) -> None:
         assert stack.engine is not None and stack.web_pid and stack.worker_pid
-        self.pids = {"web": stack.web_pid, "worker": stack.worker_pid, "engine": stack.engine.pid}
-        self.before = {name: cpu_seconds(pid) for name, pid in self.pids.items()}
+        self.pids = {
+            "web": stack.web_pid,
+            "board": stack.board_pid or 0,
+            "worker": stack.worker_pid,
+            "interactive": stack.interactive_worker_pid or 0,
+            "engine": stack.engine.pid,
+        }
+        self.create = CreateCpu(stack.engine)
+        self.before = {name: cpu_seconds(pid) if pid else 0.0 for name, pid in self.pids.items()}
+        self.client = time.process_time()
 
     def per(self, count: int) -> dict[str, float]:
-        """Milliseconds of CPU per unit of work, by process."""
-        return {name: round((cpu_seconds(pid) - self.before[name]) * 1000 / count, 2) for name, pid in self.pids.items()}
+        """Milliseconds of CPU per unit of work, by process; ``other`` is the machine's rest (the
+        database and broker, the kernel's own threads, whatever else runs)."""
+        result = {
+            name: (cpu_seconds(pid) - self.before[name]) * 1000 / count if pid else 0.0
+            for name, pid in self.pids.items()
+        }
+        result["client"] = (time.process_time() - self.client) * 1000 / count
+        created = self.create.per_create_ms(count)
+        result.update(spawner=created["spawner"], zygote=created["zygote"], sandbox=created["sandbox"])
+        result["machine"] = created["machine"]
+        result["other"] = result["machine"] - sum(value for name, value in result.items() if name != "machine")
+        return {name: round(value, 2) for name, value in result.items()}
 
 
 def bench_http(stack: Stack, samples: int) -> dict[str, Any]:
@@ -305,7 +328,12 @@ def bench_throughput(stack: Stack, work: Path, sandboxes: int, connections: int,
 def bench_launch(
     stack: Stack, count: int, source: dict[str, str], *, snapshot_behind: bool = False, timeout_s: float = 600
 ) -> dict[str, Any]:
-    """A launch of ``count`` until every member has answered an exec; then execs across them; then its teardown."""
+    """A launch of ``count`` until every member has answered an exec; then execs across them; then its teardown.
+
+    It starts on a settled machine, as the engine's own fleet does (``fleet``): the kernel still frees the
+    previous teardown's cgroups, namespaces and subvolumes for seconds after the API called it stopped,
+    on the same two cores, and the rates compared must be measured alike."""
+    settle()
     execs = Execs(stack)
     with stack.client() as api, concurrent.futures.ThreadPoolExecutor(CLIENTS) as pool:
         cpu = Processes(stack)

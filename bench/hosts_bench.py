@@ -2,6 +2,7 @@
 
     sudo .venv/bin/python bench/hosts_bench.py [--count 4096] [--engines 3] [--backend embedded|postgres]
                                                [--overcommit 8] [--per-engine N] [--chunk 250] [--quick]
+                                               [--group-size 64 [--group-cpu]]
 
 Starts the product with --engines hosts (tests/support/stack.py: each an
 engine of its own, with its own state directory, cgroup parent, network pool
@@ -26,7 +27,11 @@ memory per sandbox is recorded too, and overcounts here: it sees the other
 engines' sandboxes grow the same kernel.  ``--chunk`` is the launch's chunk
 (``FORKYARD_LAUNCH_CHUNK``: the unit placement spreads).  ``--quick`` (60
 over 3 engines in chunks of 10) is a smoke run (hosts-quick-latest.json, not
-kept).
+kept). ``--group-size`` launches in memory groups of that size (the launch's
+``memory_group_size``: what lets tens of thousands fit one kernel), and
+``--group-cpu`` puts each group's CPU quota on the group
+(``memory_group_cpu: "group"``); such a run is written as
+hosts-<backend>-<engines>x<count>-grouped-latest.json.
 """
 
 from __future__ import annotations
@@ -43,6 +48,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -50,6 +57,35 @@ from bench.engine_bench import conclude, conditions, write_report  # noqa: E402
 from tests.support.stack import PRODUCTION_TIMING, Stack, launch_members  # noqa: E402
 
 POLL_S = 0.25
+ANSWER_TIMEOUT_S = 30.0  # a status read slower than this counts as unanswered (the bench goes on)
+
+
+class Polls:
+    """How long the API took to answer each status read during a phase, and how many it left unanswered."""
+
+    def __init__(self) -> None:
+        self.seconds: list[float] = []
+        self.unanswered = 0
+
+    def get(self, api: httpx.Client, path: str) -> dict[str, Any] | None:
+        started = time.monotonic()
+        try:
+            answer = api.get(path, timeout=ANSWER_TIMEOUT_S)
+        except httpx.TimeoutException:
+            self.unanswered += 1
+            return None
+        finally:
+            self.seconds.append(time.monotonic() - started)
+        return dict(answer.json())
+
+    def summary(self) -> dict[str, Any]:
+        ordered = sorted(self.seconds)
+        return {
+            "reads": len(ordered),
+            "p50_s": round(ordered[len(ordered) // 2], 3) if ordered else None,
+            "max_s": round(ordered[-1], 3) if ordered else None,
+            "unanswered": self.unanswered,
+        }
 
 
 def engine_figures(stack: Stack) -> dict[str, dict[str, Any]]:
@@ -89,6 +125,8 @@ def main() -> int:
     parser.add_argument("--chunk", type=int, default=250, help="FORKYARD_LAUNCH_CHUNK (default 250)")
     parser.add_argument("--timeout", type=float, default=900)
     parser.add_argument("--quick", action="store_true", help="60 sandboxes over 3 engines: a smoke run")
+    parser.add_argument("--group-size", type=int, default=1, help="the launch's memory_group_size (default 1: none)")
+    parser.add_argument("--group-cpu", action="store_true", help='memory_group_cpu "group": a CPU quota a group')
     args = parser.parse_args()
     if args.quick:
         args.count, args.engines, args.chunk = 60, 3, 10
@@ -113,13 +151,24 @@ def main() -> int:
         overcommit=args.overcommit,
         chunk=args.chunk,
         per_engine=args.per_engine or None,
+        group_size=args.group_size,
+        group_cpu="group" if args.group_cpu else "each",
     )
     try:
         stack.start()
         stack.set_limits(stack.teams[0], requests_per_second=100000, max_sandboxes=200000, max_launch_count=200000)
         report["hosts_before"] = engine_figures(stack)
         with stack.client() as api:
-            body = {"template": "base", "size": "tiny", "count": args.count, "ttl_s": 3600, "labels": {"bench": "hosts"}}
+            body: dict[str, Any] = {
+                "template": "base",
+                "size": "tiny",
+                "count": args.count,
+                "ttl_s": 3600,
+                "labels": {"bench": "hosts"},
+            }
+            if args.group_size > 1:
+                body["memory_group_size"] = args.group_size
+                body["memory_group_cpu"] = "group" if args.group_cpu else "each"
             started = time.monotonic()
             created = api.post("/api/v1/launches", json=body)
             report["launch_status"] = created.status_code
@@ -128,14 +177,16 @@ def main() -> int:
                 raise SystemExit(f"the launch was refused: {created.text}")
             launch_id = created.json()["id"]
             launch: dict[str, Any] = {}
+            launching, tearing = Polls(), Polls()
 
             def all_running() -> bool:
                 nonlocal launch
-                launch = api.get(f"/api/v1/launches/{launch_id}").json()
-                progress = launch["progress"]
-                return bool(progress["running"] + progress["failed"] >= args.count or launch["state"] == "failed")
+                launch = launching.get(api, f"/api/v1/launches/{launch_id}") or launch
+                progress = launch.get("progress") or {"running": 0, "failed": 0}
+                return bool(progress["running"] + progress["failed"] >= args.count or launch.get("state") == "failed")
 
             waited = timed(all_running, args.timeout)
+            report["status_reads_launching"] = launching.summary()
             report["all_running_s"] = round(time.monotonic() - started, 2) if waited is not None else None
             report["progress"] = launch.get("progress")
             report["shares"] = api.get(f"/api/v1/launches/{launch_id}/hosts").json()["hosts"]
@@ -159,8 +210,9 @@ def main() -> int:
             torn = time.monotonic()
             api.delete(f"/api/v1/launches/{launch_id}")
             report["teardown_api_stopped_s"] = timed(
-                lambda: api.get(f"/api/v1/launches/{launch_id}").json()["state"] == "stopped", args.timeout
+                lambda: (tearing.get(api, f"/api/v1/launches/{launch_id}") or {}).get("state") == "stopped", args.timeout
             )
+            report["status_reads_tearing_down"] = tearing.summary()
             report["teardown_engines_empty_s"] = (
                 round(time.monotonic() - torn, 2)
                 if timed(lambda: not any(stack.held_by_engines(launch_id).values()), args.timeout) is not None
@@ -174,7 +226,8 @@ def main() -> int:
         shutil.rmtree(work, ignore_errors=True)
     conclude(report)
     print(json.dumps(report, indent=2, default=str))
-    name = "hosts-quick" if args.quick else f"hosts-{args.backend}-{args.engines}x{args.count}"
+    grouped = "-grouped" if args.group_size > 1 else ""
+    name = "hosts-quick" if args.quick else f"hosts-{args.backend}-{args.engines}x{args.count}{grouped}"
     write_report(f"{name}-latest.json", report)
     return 0
 

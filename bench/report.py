@@ -154,6 +154,7 @@ LEAK_ROWS = [
     ("engine threads", "engine_threads"),
     ("state directory: files / bytes (record and logs aside)", ("state_files", "state_bytes")),
     ("nftables ruleset lines", "firewall_rules"),
+    ("disks (btrfs subvolumes) / the disk pool's quota groups", ("disks", "disk_quota_groups")),
     ("kernel unreclaimable slab (KiB)", "slab_unreclaimable_kib"),
     ("reported only: the engine's record (bytes) / tombstones", ("record_bytes", "tombstones")),
     ("reported only: engine / spawner resident memory (KiB)", ("engine_rss_kib", "spawner_rss_kib")),
@@ -168,7 +169,7 @@ def leak() -> str:
     before, after = report["before"], report["after"]
 
     def show(census: dict[str, Any], key: str | tuple[str, str]) -> str:
-        return " / ".join(number(census[part]) for part in key) if isinstance(key, tuple) else number(census[key])
+        return " / ".join(number(census.get(part)) for part in key) if isinstance(key, tuple) else number(census.get(key))
 
     loop = report["loop"]
     return "\n\n".join(
@@ -242,6 +243,17 @@ def api() -> str:
             (f"{name}: worker CPU per sandbox (ms)", (key, "cpu_ms_per_sandbox", "worker"), 2),
             (f"{name}: web server CPU per sandbox (ms)", (key, "cpu_ms_per_sandbox", "web"), 2),
             (f"{name}: engine CPU per sandbox (ms)", (key, "cpu_ms_per_sandbox", "engine"), 2),
+            (f"{name}: the machine's CPU per sandbox, all of it (ms)", (key, "cpu_ms_per_sandbox", "machine"), 2),
+            (
+                "  of it spawner / zygote / the sandbox's init (ms)",
+                (key, "cpu_ms_per_sandbox", ("spawner", "zygote", "sandbox")),
+                2,
+            ),
+            (
+                "  of it the benchmark's client (the trainer) / the rest: database, kernel threads (ms)",
+                (key, "cpu_ms_per_sandbox", ("client", "other")),
+                2,
+            ),
             (f"{name}: then execs across them, 8 clients, per second", (key, "execs_across", "execs_per_second"), 1),
             (f"{name}: their p50 at that load (ms)", (key, "execs_across", "exec_ms", "p50"), 1),
             (f"{name}: torn down (s)", (key, "teardown_s"), 2),
@@ -249,6 +261,16 @@ def api() -> str:
         ]
     measures += [
         ("the engine alone, same run: 1,000 made ready by 8 clients, per second", ("engine_same_run", "ready_per_second"), 1),
+        (
+            "the engine alone, same run: the machine's CPU per sandbox made ready, all of it (ms)",
+            ("engine_same_run", "machine_cpu_ms_per_ready"),
+            2,
+        ),
+        (
+            "  of it engine / spawner / zygote / the sandbox's init (ms)",
+            ("engine_same_run", "cpu_ms_per_create", ("engine", "spawner", "zygote", "sandbox")),
+            2,
+        ),
         ("the engine alone, same run: 1,000 destroyed by 8 clients, per second", ("engine_same_run", "destroys_per_second"), 1),
         ("API's share of the engine's rate: creates", ("share_of_engine_rate", "creates"), 2),
         ("API's share of the engine's rate: destroys", ("share_of_engine_rate", "destroys"), 2),
@@ -581,6 +603,7 @@ def scale(name: str = "scale") -> str:
     for mode, title in (
         ("own", "a memory cgroup each (the default)"),
         ("grouped", f"memory groups of {report.get('group_size')}"),
+        ("grouped-cpu", f"memory groups of {report.get('group_size')}, the CPU quota the group's"),
     ):
         run = report.get(mode)
         if run is None:
@@ -808,6 +831,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "scale-grouped": lambda: scale("scale-grouped"),
     # The same engine before and after sandboxes bound one shared sysfs (docs/benchmarks.md, Scale).
     "scale-sysfs": lambda: scale("scale-before-sysfs") + "\n\n" + scale("scale-sysfs-shared"),
+    # Memory groups with a CPU quota each and with the group's, in both orders (docs/benchmarks.md, Scale).
+    "scale-group-cpu": lambda: scale("scale-group-cpu-16k") + "\n\n" + scale("scale-group-cpu-16k-b"),
     "inference": inference,
     "template": template,
     "desktop": desktop,

@@ -11,7 +11,11 @@ other:
 * ``own``: each sandbox its own memory cgroup (the default);
 * ``grouped``: ``--group-size`` sandboxes share one memory cgroup (the
   engine's ``memory_group``, the API's launch ``memory_group_size``), each
-  keeping its own CPU, pids and freezer cgroups.
+  keeping its own CPU, pids and freezer cgroups;
+* ``grouped-cpu``: the same groups also carrying the CPU quota (the
+  engine's ``memory_group.cpu``, the API's ``memory_group_cpu: "group"``),
+  their members none of their own: no quota write, and so no kernel walk of
+  every CPU cgroup, per create.
 
 For each mode the fleet grows through ``--counts``; at each count, once the
 host is still: the kernel's memory per sandbox (unreclaimable slab, page
@@ -72,7 +76,9 @@ def available_kib() -> int:
     return 0
 
 
-def make(engine: EngineProcess, count: int, clients: int, group_size: int, offset: int) -> tuple[list[str], float, str]:
+def make(
+    engine: EngineProcess, count: int, clients: int, group_size: int, offset: int, group_cpu: bool = False
+) -> tuple[list[str], float, str]:
     """``count`` more sandboxes, by ``clients`` at once; (ids, seconds, the error that stopped it or "")."""
     failure: list[str] = []
 
@@ -89,6 +95,8 @@ def make(engine: EngineProcess, count: int, clients: int, group_size: int, offse
                 if group_size > 1:
                     group = (offset + index) // group_size
                     extra["memory_group"] = {"id": f"scale-{group}", "memory_mib": 128 * group_size}
+                    if group_cpu:  # a tiny sandbox's one core, times the group's members
+                        extra["memory_group"]["cpu"] = group_size
                 try:
                     made.append(client.create(template="base", size="tiny", ttl_s=7 * 24 * 3600, **extra)["id"])
                 except Exception as error:  # noqa: BLE001 - what stopped the curve is reported, not raised
@@ -138,14 +146,14 @@ def teardown(engine: EngineProcess, fleet: list[str], clients: int) -> float:
     return time.perf_counter() - started
 
 
-def curve(engine: EngineProcess, counts: list[int], clients: int, group_size: int) -> dict[str, Any]:
+def curve(engine: EngineProcess, counts: list[int], clients: int, group_size: int, group_cpu: bool = False) -> dict[str, Any]:
     settle(120)
     kernel_before = kernel_memory_kib()
     fleet: list[str] = []
     points = []
     stopped = ""
     for target in counts:
-        ids, seconds, stopped = make(engine, target - len(fleet), clients, group_size, len(fleet))
+        ids, seconds, stopped = make(engine, target - len(fleet), clients, group_size, len(fleet), group_cpu)
         fleet += ids
         point = {"target": target, "made": len(ids), "creates_per_second": round(len(ids) / max(seconds, 0.001), 1)}
         point.update(census(engine, fleet, kernel_before))
@@ -162,6 +170,7 @@ def curve(engine: EngineProcess, counts: list[int], clients: int, group_size: in
     after = kernel_memory_kib()
     return {
         "group_size": group_size,
+        "group_cpu": group_cpu,
         "points": points,
         "stopped": stopped,
         "teardown": {"count": len(fleet), "seconds": round(seconds, 1), "per_second": round(len(fleet) / max(seconds, 0.001), 1)},
@@ -198,7 +207,8 @@ def main() -> int:
             client.call("templates.build_base", name="base")
         for mode in args.modes.split(","):
             print(f"{mode}: growing to {counts[-1]}...", flush=True)
-            report[mode] = curve(engine, counts, args.clients, args.group_size if mode == "grouped" else 1)
+            grouped = mode in ("grouped", "grouped-cpu")
+            report[mode] = curve(engine, counts, args.clients, args.group_size if grouped else 1, mode == "grouped-cpu")
     finally:
         engine.reclaim()
         shutil.rmtree(work, ignore_errors=True)
