@@ -172,6 +172,29 @@ def quantiles(values: list[float]) -> dict[str, float]:
     }
 
 
+def lag_report(observed: dict[str, Any], members: list[dict[str, Any]], written: dict[int, float]) -> dict[str, Any]:
+    """Each pixel's lag from its sandbox's ``ready_at`` (``members``: the launch's sandboxes in pixel order,
+    as the API lists them) to the frame that turned it running (``observed``: what ``watch`` saw), split at
+    the moment its row was written running (``written``: ``recorded_at``)."""
+    ready = {
+        index: datetime.fromisoformat(member["ready_at"]).timestamp()
+        for index, member in enumerate(members)
+        if member["ready_at"]
+    }
+    lags = [seen - ready[index] for index, seen in observed["running"].items() if index in ready]
+    report: dict[str, Any] = {"lag_ms": quantiles(lags) | {"n": len(lags)}} if lags else {}
+    report["goal_lag_under_1s_met"] = bool(lags) and report["lag_ms"]["p95"] < 1000.0
+    # Where the lag is: from ready in the engine to "running" in the database
+    # (the worker's part), and from the database to the pixel (the board's).
+    report["lag_split_ms"] = {
+        "ready_to_recorded": quantiles([written[index] - ready[index] for index in ready if index in written]),
+        "recorded_to_pixel": quantiles(
+            [seen - written[index] for index, seen in observed["running"].items() if index in written]
+        ),
+    }
+    return report
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--count", type=int, default=4096)
@@ -222,24 +245,7 @@ def main() -> int:
                 "bytes_per_second": round(total_bytes / duration, 1),
             }
         )
-        # The launch's sandboxes are listed in pixel order (launch_index).
-        ready = {
-            index: datetime.fromisoformat(member["ready_at"]).timestamp()
-            for index, member in enumerate(members)
-            if member["ready_at"]
-        }
-        lags = [seen - ready[index] for index, seen in observed["running"].items() if index in ready]
-        if lags:
-            report["lag_ms"] = quantiles(lags) | {"n": len(lags)}
-        report["goal_lag_under_1s_met"] = bool(lags) and report["lag_ms"]["p95"] < 1000.0
-        # Where the lag is: from ready in the engine to "running" in the database
-        # (the worker's part), and from the database to the pixel (the board's).
-        report["lag_split_ms"] = {
-            "ready_to_recorded": quantiles([written[index] - ready[index] for index in ready if index in written]),
-            "recorded_to_pixel": quantiles(
-                [seen - written[index] for index, seen in observed["running"].items() if index in written]
-            ),
-        }
+        report.update(lag_report(observed, members, written))
     finally:
         stack.stop()
         shutil.rmtree(work, ignore_errors=True)

@@ -2,7 +2,7 @@
 
     sudo .venv/bin/python bench/hosts_bench.py [--count 4096] [--engines 3] [--backend embedded|postgres]
                                                [--overcommit 8] [--per-engine N] [--chunk 250] [--quick]
-                                               [--group-size 64 [--group-cpu]]
+                                               [--group-size 64 [--group-cpu]] [--board]
 
 Starts the product with --engines hosts (tests/support/stack.py: each an
 engine of its own, with its own state directory, cgroup parent, network pool
@@ -31,18 +31,24 @@ kept). ``--group-size`` launches in memory groups of that size (the launch's
 ``memory_group_size``: what lets tens of thousands fit one kernel), and
 ``--group-cpu`` puts each group's CPU quota on the group
 (``memory_group_cpu: "group"``); such a run is written as
-hosts-<backend>-<engines>x<count>-grouped-latest.json.
+hosts-<backend>-<engines>x<count>-grouped-latest.json. ``--board`` watches
+the launch on the board's websocket meanwhile, as a viewer of the console
+does, and records each pixel's lag from its sandbox's ready time to the
+frame that drew it running (``bench/board_bench.py``'s measure, on a real
+launch across hosts).
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import math
 import os
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -53,6 +59,7 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.board_bench import lag_report, recorded_at, session_cookie, watch  # noqa: E402
 from bench.engine_bench import conclude, conditions, write_report  # noqa: E402
 from tests.support.stack import PRODUCTION_TIMING, Stack, launch_members  # noqa: E402
 
@@ -127,6 +134,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="60 sandboxes over 3 engines: a smoke run")
     parser.add_argument("--group-size", type=int, default=1, help="the launch's memory_group_size (default 1: none)")
     parser.add_argument("--group-cpu", action="store_true", help='memory_group_cpu "group": a CPU quota a group')
+    parser.add_argument("--board", action="store_true", help="watch the launch on the board: each pixel's lag")
     args = parser.parse_args()
     if args.quick:
         args.count, args.engines, args.chunk = 60, 3, 10
@@ -153,11 +161,13 @@ def main() -> int:
         per_engine=args.per_engine or None,
         group_size=args.group_size,
         group_cpu="group" if args.group_cpu else "each",
+        board=args.board,
     )
     try:
         stack.start()
         stack.set_limits(stack.teams[0], requests_per_second=100000, max_sandboxes=200000, max_launch_count=200000)
         report["hosts_before"] = engine_figures(stack)
+        cookie = session_cookie(stack) if args.board else ""
         with stack.client() as api:
             body: dict[str, Any] = {
                 "template": "base",
@@ -176,6 +186,14 @@ def main() -> int:
                 report["refused"] = created.json()
                 raise SystemExit(f"the launch was refused: {created.text}")
             launch_id = created.json()["id"]
+            seen: dict[str, Any] = {}
+            viewer = threading.Thread(
+                target=lambda: seen.update(asyncio.run(watch(stack, launch_id, args.count, cookie, args.timeout))),
+                name="board",
+                daemon=True,
+            )
+            if args.board:
+                viewer.start()
             launch: dict[str, Any] = {}
             launching, tearing = Polls(), Polls()
 
@@ -207,6 +225,15 @@ def main() -> int:
                 "even_within_a_chunk": len(shares) == args.engines and max(shares) - min(shares) <= args.chunk,
             }
             report["hosts_at_peak"] = engine_figures(stack)
+            if args.board:
+                viewer.join(args.timeout)
+                frames = seen.get("frames", [])
+                report["board"] = {
+                    "pixels_running_seen": len(seen.get("running", {})),
+                    "messages": len(frames),
+                    "bytes": sum(size for _, size in frames),
+                    **(lag_report(seen, members, recorded_at(stack, launch_id)) if seen else {}),
+                }
             torn = time.monotonic()
             api.delete(f"/api/v1/launches/{launch_id}")
             report["teardown_api_stopped_s"] = timed(

@@ -473,6 +473,11 @@ def inference() -> str:
     return "\n\n".join(parts) or "(no run yet: bench/inference_bench.py)"
 
 
+def board_lags(report: dict[str, Any]) -> dict[str, Any]:
+    """A multi-engine run's board lag (``--board``); empty for a run without."""
+    return dict((report.get("board") or {}).get("lag_ms") or {})
+
+
 def hosts() -> str:
     """Every kept multi-engine run (``hosts-<backend>-<engines>x<count>-latest.json``), smallest first."""
     present = []
@@ -500,6 +505,7 @@ def hosts() -> str:
                 number(report.get("teardown_api_stopped_s"), 2),
                 number(report.get("teardown_engines_empty_s"), 2),
                 number((report.get("progress") or {}).get("failed")),
+                " / ".join(number(lags.get(part), 0) for part in ("p50", "p95")) if (lags := board_lags(report)) else "-",
             ]
         )
     header = [
@@ -514,6 +520,7 @@ def hosts() -> str:
         "API says stopped (s)",
         "engines empty (s)",
         "failed",
+        "board lag p50 / p95 (ms)",
     ]
     return "\n\n".join([*(provenance(report, name) for name, report in present), table(header, body)])
 
