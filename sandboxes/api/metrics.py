@@ -31,6 +31,7 @@ SUMMED = (
     "oom_kills",
 )
 PER_HOST = 16  # a launch's members measured at once on one host
+MICROSECONDS = 1_000_000
 
 
 def _metrics(sandbox_id: str, stats: dict[str, Any]) -> dict[str, Any]:
@@ -84,9 +85,13 @@ async def launch_metrics(request: HttpRequest, launch_id: str) -> dict[str, Any]
                     return
             counted["sandboxes"] += 1
             for name in SUMMED:
-                sums[name] += stats.get(name) or 0  # disk_files: null on a disk that counts bytes only
+                value = stats.get(name) or 0  # disk_files: null on a disk that counts bytes only
+                # CPU time in whole microseconds, the kernel's unit: a sum of floats would end in a digit
+                # that depends on the order the answers came in.
+                sums[name] += round(value * MICROSECONDS) if name == "cpu_s" else value
 
         await asyncio.gather(*(one(engine_id) for engine_id in engine_ids))
 
     await asyncio.gather(*(measure(engine_socket, engine_ids) for engine_socket, engine_ids in by_host.items()))
+    sums["cpu_s"] /= MICROSECONDS
     return {"launch": launch.id, "at": timezone.now(), **counted, **{name: value for name, value in sums.items()}}
