@@ -95,6 +95,7 @@ def _end_the_gone(host: Host, client: Any, live: dict[str, dict[str, Any]], coun
             continue
         if state in started and live.get(engine_id, {}).get("state", "destroyed") in ("stopped", "destroyed"):
             gone.append(pk)
+    ended: list[Sandbox] = []
     for sandbox in (row for ids in _chunks(gone) for row in Sandbox.objects.filter(pk__in=ids, state__in=started)):
         try:
             record = client.get(sandbox.engine_id)
@@ -110,7 +111,11 @@ def _end_the_gone(host: Host, client: Any, live: dict[str, dict[str, Any]], coun
         )
         if record.get("state") == "stopped":
             client.destroy(sandbox.engine_id)
+        ended.append(sandbox)
         counts["ended"] += 1
+    # Their launches settle: a launch whose last live member ends here (its TTL ran out, or its teardown
+    # was lost) is stopped now; nothing else would look at it again.
+    settle_launches(ended)
     return claimed
 
 

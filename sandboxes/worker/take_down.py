@@ -103,10 +103,10 @@ def take_down(host: Host, sandbox_ids: list[str]) -> int:
         if not row.engine_id:
             _never_reached(row)
     on_engine = [row for row in rows if row.engine_id]
-    if not on_engine:
-        settle_launches(rows)
-        return 0
-    return _recorded(on_engine, _destroy_on_engine(host, on_engine))
+    destroyed = _recorded(on_engine, _destroy_on_engine(host, on_engine)) if on_engine else 0
+    settled = {row.launch_id for row in on_engine}  # by _recorded
+    settle_launches(row for row in rows if row.launch_id not in settled)  # those ended above, of other launches
+    return destroyed
 
 
 async def take_down_directly(stopping: Mapping[int, Sequence[str]]) -> int:

@@ -392,6 +392,39 @@ def test_reconcile_leaves_a_stopping_row_to_its_teardown_until_that_is_lost(
     ), "the fresh one is not looked up"
 
 
+def test_a_launch_whose_last_members_reconciliation_ends_is_stopped(
+    cluster: Any, team: Any, sent: Any, settings: Any
+) -> None:
+    """CI: a launch torn down mid-launch stayed "stopping" for good with every member ended: its last
+    stopping member was ended by reconciliation (its teardown taken for lost), which never settled the
+    launch, and nothing else looked at it again. A launch whose members all die on their own (TTL) is
+    stopped the same way."""
+    settings.FORKYARD_STUCK_AFTER_S = 60
+    host = cluster.add_host("h1")
+    engine = cluster.engine(host)
+    torn, expired = _launch(team, 2), _launch(team, 2)
+    for launch in (torn, expired):
+        dispatch.dispatch(launch.pk, "")
+    for _, ids in sent.named(Command.ENSURE_RUNNING):
+        bring_up.bring_up(host, ids)
+    assert {Launch.objects.get(pk=launch.pk).state for launch in (torn, expired)} == {Launch.State.READY}
+
+    launch_destroy(launch=Launch.objects.get(pk=torn.pk))
+    first, last = Sandbox.objects.filter(launch=torn).order_by("launch_index")
+    take_down.take_down(host, [first.pk])  # the teardown records one member, and is lost before the other
+    engine.destroy(last.engine_id)
+    Sandbox.objects.filter(pk=last.pk).update(updated_at=timezone.now() - timedelta(minutes=5))
+    for member in Sandbox.objects.filter(launch=expired):
+        engine.sandboxes[member.engine_id].update(state="destroyed", ended_at=timezone.now().timestamp(), reason="ttl expired")
+    assert Launch.objects.get(pk=torn.pk).state == Launch.State.STOPPING
+
+    assert reconcile.reconcile(host)["ended"] == 3
+    for launch in (torn, expired):
+        launch.refresh_from_db()
+        assert (launch.state, launch.ended_at is not None) == (Launch.State.STOPPED, True), launch.pk
+    assert set(Sandbox.objects.filter(launch__in=[torn, expired]).values_list("state", flat=True)) == {S.DESTROYED}
+
+
 def test_reconcile_ends_a_stuck_stopping_row_that_never_reached_the_engine(
     cluster: Any, make_row: Any, sent: Any, settings: Any
 ) -> None:
