@@ -197,7 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         level=logging.DEBUG if args.verbose else logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s"
     )
     overrides = {key: value for key, value in (("state_dir", args.state_dir), ("run_dir", args.run_dir)) if value}
-    config = EngineConfig.from_environment(**overrides)
+    try:
+        config = EngineConfig.from_environment(**overrides)
+    except ValueError as error:  # a FORKYARD_ENGINE_* setting that is not what it must be
+        parser.error(str(error))
     try:
         if args.command == "serve":
             return _serve(config)

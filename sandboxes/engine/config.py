@@ -168,7 +168,10 @@ class EngineConfig:
             if isinstance(default, Path):
                 values[item.name] = Path(raw)
             elif isinstance(default, int):
-                values[item.name] = int(raw)
+                try:
+                    values[item.name] = int(raw)
+                except ValueError:
+                    raise ValueError(f"FORKYARD_ENGINE_{item.name.upper()} is a whole number, not {raw!r}") from None
             else:
                 values[item.name] = raw
         values.update(overrides)
