@@ -35,7 +35,10 @@ hosts-<backend>-<engines>x<count>-grouped-latest.json. ``--board`` watches
 the launch on the board's websocket meanwhile, as a viewer of the console
 does, and records each pixel's lag from its sandbox's ready time to the
 frame that drew it running (``bench/board_bench.py``'s measure, on a real
-launch across hosts).
+launch across hosts). Where the CPU went in each phase, by kind of
+process (``bench/cpu_census.py``: the machine's PID 1, the engines, their
+spawners and zygotes, the sandboxes themselves, the workers, the web
+server, the board, kernel threads) is recorded as ``cpu_s``.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.board_bench import lag_report, recorded_at, session_cookie, watch  # noqa: E402
+from bench.cpu_census import CpuCensus  # noqa: E402
 from bench.engine_bench import conclude, conditions, write_report  # noqa: E402
 from tests.support.stack import PRODUCTION_TIMING, Stack, launch_members  # noqa: E402
 
@@ -179,6 +183,8 @@ def main() -> int:
             if args.group_size > 1:
                 body["memory_group_size"] = args.group_size
                 body["memory_group_cpu"] = "group" if args.group_cpu else "each"
+            census = CpuCensus()
+            census.start()
             started = time.monotonic()
             created = api.post("/api/v1/launches", json=body)
             report["launch_status"] = created.status_code
@@ -204,6 +210,7 @@ def main() -> int:
                 return bool(progress["running"] + progress["failed"] >= args.count or launch.get("state") == "failed")
 
             waited = timed(all_running, args.timeout)
+            report["cpu_s"] = {"launch": census.phase()}
             report["status_reads_launching"] = launching.summary()
             report["all_running_s"] = round(time.monotonic() - started, 2) if waited is not None else None
             report["progress"] = launch.get("progress")
@@ -245,6 +252,8 @@ def main() -> int:
                 if timed(lambda: not any(stack.held_by_engines(launch_id).values()), args.timeout) is not None
                 else None
             )
+            report["cpu_s"]["teardown"] = census.phase()
+            census.stop()
         running = (report["progress"] or {}).get("running", 0)
         report["rate_per_s"] = round(running / report["all_running_s"], 1) if report["all_running_s"] else None
         report["commands"] = math.ceil(args.count / args.chunk)  # one ensure_running a chunk, on its host's queue

@@ -525,6 +525,53 @@ def hosts() -> str:
     return "\n\n".join([*(provenance(report, name) for name, report in present), table(header, body)])
 
 
+def _cpu_cells(seconds: float, whole: float) -> list[str]:
+    return [number(seconds), f"{100 * seconds / whole:.1f} %" if whole else "-"]
+
+
+def hosts_cpu() -> str:
+    """Where each kept multi-engine run's CPU went, by kind of process and phase (``cpu_s``: bench/cpu_census.py)."""
+    parts = []
+    for path in sorted(RESULTS.glob("hosts-*-latest.json")):
+        name = path.name.removesuffix("-latest.json")
+        report = load(name)
+        if report is None or report.get("quick") or not report.get("cpu_s"):
+            continue
+        phases = {phase: report["cpu_s"][phase] for phase in ("launch", "teardown") if phase in report["cpu_s"]}
+        kinds = list(dict.fromkeys(kind for phase in phases.values() for kind in phase["by_kind"]))
+        # The machine's every field together is the phase's time on every core: the whole it is a share of.
+        wholes = {phase: sum(spent["machine"].values()) for phase, spent in phases.items()}
+        body = []
+        for kind in kinds:
+            row: list[Any] = [kind]
+            for phase, spent in phases.items():
+                row += _cpu_cells(spent["by_kind"].get(kind, 0.0), wholes[phase])
+            body.append(row)
+        for label, fields in (("the machine: user + system", ("user", "system")), ("the machine: idle", ("idle",))):
+            row = [label]
+            for phase, spent in phases.items():
+                row += _cpu_cells(sum(spent["machine"].get(field, 0.0) for field in fields), wholes[phase])
+            body.append(row)
+        body.append(
+            ["the phase, on every core", *(cell for phase in phases for cell in _cpu_cells(wholes[phase], wholes[phase]))]
+        )
+        header = ["process", *(f"{phase} {what}" for phase in phases for what in ("(CPU s)", "(of the machine)"))]
+        parts += [provenance(report, name), table(header, body)]
+    return "\n\n".join(parts) if parts else "(no multi-engine run with a CPU census yet: bench/hosts_bench.py)"
+
+
+def pid1() -> str:
+    """The machine's PID 1's CPU as idle sandboxes grow in number (bench/pid1_bench.py)."""
+    report = load("pid1")
+    if report is None:
+        return "(no PID 1 results yet: bench/pid1_bench.py)"
+    body = [
+        [number(row["sandboxes"]), number(row["processes"]), f"{100 * row['pid1_core_share']:.1f} %"] for row in report["rows"]
+    ]
+    header = ["idle sandboxes", "processes on the machine", f"PID 1 ({report.get('pid1', '?')}): share of one core"]
+    return provenance(report, "pid1") + "\n\n" + table(header, body)
+
+
 def network() -> str:
     report = load("network")
     if report is None:
@@ -832,6 +879,8 @@ SECTIONS: dict[str, Callable[[], str]] = {
     "board": board,
     "console": console,
     "hosts": hosts,
+    "hosts-cpu": hosts_cpu,
+    "pid1": pid1,
     "network": network,
     "ports": ports,
     "scale": scale,
