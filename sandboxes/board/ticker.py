@@ -103,18 +103,23 @@ def board_text(launch: Launch) -> str:
     return str(launch.labels.get("board_text") or "forkyard")
 
 
+def cost_micro_usd(launch: Launch, now: float | None = None) -> int:
+    """What the launch has cost so far, open periods counted up to now: two aggregates over its members' billing."""
+    cost = cost_so_far(UsagePeriod.objects.filter(sandbox__launch=launch), now_ms=int((now or time.time()) * 1000))
+    return max(0, int(cost * 1_000_000))
+
+
 def counters_for(launch: Launch, now: float | None = None) -> Counters:
     """Progress by state, elapsed time, and cost so far (open periods counted up to now)."""
     progress = selectors.launch_progress(launch)
     states = selectors.member_states(launch)
     end = launch.ended_at or timezone.now()
-    cost = cost_so_far(UsagePeriod.objects.filter(sandbox__launch=launch), now_ms=int((now or time.time()) * 1000))
     return Counters(
         **progress.counts(),
         paused=states.get(Sandbox.State.PAUSED, 0),
         stopping=states.get(Sandbox.State.STOPPING, 0),
         elapsed_ms=max(0, int((end - launch.created_at).total_seconds() * 1000)),
-        cost_micro_usd=max(0, int(cost * 1_000_000)),
+        cost_micro_usd=cost_micro_usd(launch, now),
     )
 
 
@@ -142,7 +147,11 @@ def snapshot_section(launch_id: str, counters: Counters, states: bytes | bytearr
 
 
 LEASE_RENEW_S = 1.0
-COUNTERS_EVERY_S = 1.0  # the cost so far is an aggregate over the whole launch: not every tick
+COUNTERS_EVERY_S = 1.0  # counters move on their own (elapsed): sent at least this often; host shares at most
+# The cost so far is two aggregates over every member's billing (at 32,752 members, most of what the
+# ticker asked of the database each second, on cores a launch keeps busy): read this often, and again
+# whenever the launch changes state (so a stopped launch's final cost shows at once).
+COST_EVERY_S = 5.0
 
 
 @dataclass
@@ -150,8 +159,10 @@ class _Watched:
     launch_id: str
     team_id: str
     states: bytearray
-    last_counters: float = 0.0
-    counters: Counters | None = None
+    last_counters: float = 0.0  # when counters were last sent
+    counters: Counters | None = None  # holds the cost so far; the counts come from the pixels (_current)
+    last_cost: float = 0.0
+    cost_state: str = ""  # the launch's state when the cost was read
     last_seen: float = field(default_factory=time.monotonic)
     last_shares: float = 0.0
     shares: str = ""  # the last host shares sent (JSON)
@@ -238,7 +249,7 @@ class Ticker:
         now = time.monotonic()
         for watched in self.watched.values():
             # Counters move on their own (elapsed, cost): once a second anyway.
-            if now - watched.last_counters >= 1.0:
+            if now - watched.last_counters >= COUNTERS_EVERY_S:
                 pending.setdefault(watched.launch_id, {})
         by_team: dict[str, list[bytes]] = {}
         whole: dict[str, list[bytes]] = {}
@@ -255,8 +266,10 @@ class Ticker:
                     watched.states[index] = STOPPED
                     changes[index] = STOPPED
                     index = watched.states.find(REQUESTED, index + 1)
-            if watched.counters is None or now - watched.last_counters >= COUNTERS_EVERY_S:
-                watched.counters, watched.last_counters = counters_for(launch), now
+            if watched.counters is None or now - watched.last_cost >= COST_EVERY_S or launch.state != watched.cost_state:
+                watched.counters = Counters(cost_micro_usd=cost_micro_usd(launch))
+                watched.last_cost, watched.cost_state = now, launch.state
+            watched.last_counters = now
             if changes:
                 watched.last_seen = now
             if launch_id in fresh:

@@ -200,6 +200,36 @@ def test_stopping_has_its_own_pixel_and_a_pixel_goes_off_only_when_its_sandbox_e
     assert (counters.running, counters.paused, counters.stopping, counters.ended) == (8, 3, 4, 6)
 
 
+def test_the_cost_is_read_every_few_seconds_and_when_the_launch_changes_state(launch, monkeypatch) -> None:
+    """The cost so far is two aggregates over every member's billing: at 32,752 members the most the ticker
+    asked of the database each second, on cores the launch kept busy. It is read every COST_EVERY_S, and
+    again at once when the launch changes state (a stopped launch's final cost shows without waiting); the
+    counts, from the pixels, move every tick."""
+    launch, _ = launch
+    reads: list[str] = []
+    real = board.cost_micro_usd
+    monkeypatch.setattr(board, "cost_micro_usd", lambda of, now=None: reads.append(of.state) or real(of, now))
+    clock = [1000.0]
+    monkeypatch.setattr(board.time, "monotonic", lambda: clock[0])
+    ticker = board.Ticker()
+    ticker.tick()  # the launch is new to it: loaded whole
+    ids = list(Sandbox.objects.filter(launch=launch).order_by("launch_index").values_list("pk", flat=True))
+    for step in range(4):  # a second apart: each tick sends counters, none reads the cost again
+        clock[0] += 1.0
+        Sandbox.objects.filter(pk=ids[step]).update(state=Sandbox.State.RUNNING, updated_at=timezone.now())
+        [section] = wire.parse(ticker.tick()[launch.team_id][-1])["sections"]
+        assert section["counters"].running == step + 1
+    assert len(reads) == 1, reads
+    clock[0] += board.COST_EVERY_S
+    ticker.tick()
+    assert len(reads) == 2, "read again once COST_EVERY_S has passed"
+    Launch.objects.filter(pk=launch.pk).update(state=Launch.State.STOPPING)
+    clock[0] += 0.1
+    Sandbox.objects.filter(pk=ids[0]).update(state=Sandbox.State.STOPPING, updated_at=timezone.now())
+    ticker.tick()
+    assert reads[2:] == [Launch.State.STOPPING], "a launch that changed state has its cost read at once"
+
+
 def test_a_torn_down_launchs_unmade_pixels_go_off(launch) -> None:
     launch, _ = launch
     Launch.objects.filter(pk=launch.pk).update(count=25)  # five members never made
