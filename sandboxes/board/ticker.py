@@ -160,7 +160,7 @@ class _Watched:
     team_id: str
     states: bytearray
     last_counters: float = 0.0  # when counters were last sent
-    counters: Counters | None = None  # holds the cost so far; the counts come from the pixels (_current)
+    cost: int | None = None  # the cost so far (micro-USD) as last read; the counts come from the pixels (_current)
     last_cost: float = 0.0
     cost_state: str = ""  # the launch's state when the cost was read
     last_seen: float = field(default_factory=time.monotonic)
@@ -172,7 +172,6 @@ def _current(watched: _Watched, launch: Launch) -> Counters:
     """Counts from the pixels we hold (exact as of this tick); elapsed now; cost
     from the last database read (it moves slowly, and costs a query)."""
     states = bytes(watched.states)
-    base = watched.counters or Counters()
     end = launch.ended_at or timezone.now()
     paused, stopping = states.count(PAUSED), states.count(STOPPING)
     return Counters(
@@ -185,7 +184,7 @@ def _current(watched: _Watched, launch: Launch) -> Counters:
         paused=paused,
         stopping=stopping,
         elapsed_ms=max(0, int((end - launch.created_at).total_seconds() * 1000)),
-        cost_micro_usd=base.cost_micro_usd,
+        cost_micro_usd=watched.cost or 0,
     )
 
 
@@ -266,8 +265,8 @@ class Ticker:
                     watched.states[index] = STOPPED
                     changes[index] = STOPPED
                     index = watched.states.find(REQUESTED, index + 1)
-            if watched.counters is None or now - watched.last_cost >= COST_EVERY_S or launch.state != watched.cost_state:
-                watched.counters = Counters(cost_micro_usd=cost_micro_usd(launch))
+            if watched.cost is None or now - watched.last_cost >= COST_EVERY_S or launch.state != watched.cost_state:
+                watched.cost = cost_micro_usd(launch)
                 watched.last_cost, watched.cost_state = now, launch.state
             watched.last_counters = now
             if changes:
