@@ -36,7 +36,7 @@ SANDBOX_INIT = "forkyard-init"
 MACHINE_FIELDS = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
 
 
-def _stat(pid: int | str) -> tuple[str, int, int, int] | None:
+def process_stat(pid: int | str) -> tuple[str, int, int, int] | None:
     """(command name, start time, its own CPU ticks, its reaped children's) or None if it is gone."""
     try:
         raw = open(f"/proc/{pid}/stat", "rb").read()
@@ -122,7 +122,7 @@ class CpuCensus:
             known = self.known.get(pid)
             if known is not None and known[1] == SANDBOX_INIT:
                 continue
-            stat = _stat(pid)
+            stat = process_stat(pid)
             if stat is None:
                 continue
             name, started, own, children = stat
