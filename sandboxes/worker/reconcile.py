@@ -220,17 +220,18 @@ def _requeue_stuck(host: Host, keys: set[str]) -> int:
 
 
 def reconcile_billing(host: Host) -> int:
-    """Step 4: open periods for running sandboxes lacking one; close those of ended ones."""
+    """Step 4: open periods for running sandboxes lacking one; close those of ended ones (not of live ones)."""
     fixed = 0
     open_period = UsagePeriod.objects.filter(sandbox=OuterRef("pk"), ended_at__isnull=True)
     for sandbox in Sandbox.objects.filter(host=host, state=S.RUNNING).exclude(Exists(open_period)):
         usage_transition(sandbox=sandbox, kind=UsagePeriod.Kind.RUNNING, at=sandbox.ready_at or sandbox.created_at)
         fixed += 1
-    for period in (
-        UsagePeriod.objects.filter(sandbox__host=host, ended_at__isnull=True)
-        .exclude(sandbox__state__in=Sandbox.STARTED)
-        .select_related("sandbox")
-    ):
+    # Only those of sandboxes that ended: a stopping one still holds its host until its teardown ends it, and
+    # that teardown closes its period at the engine's end time (many in one statement). Closing it here too
+    # ended its billing early, one transaction a sandbox, in the middle of every big teardown.
+    for period in UsagePeriod.objects.filter(
+        sandbox__host=host, ended_at__isnull=True, sandbox__state__in=Sandbox.ENDED
+    ).select_related("sandbox"):
         assert period.sandbox is not None
         usage_transition(sandbox=period.sandbox, kind=None, at=period.sandbox.ended_at or timezone.now())
         fixed += 1

@@ -18,7 +18,7 @@ import pytest
 from django.utils import timezone
 
 from billing.models import UsagePeriod
-from sandboxes import commands
+from sandboxes import commands, transitions
 from sandboxes.commands import Command
 from sandboxes.engine import errors as engine_errors
 from sandboxes.engine.cgroups import GROUP_CPU_MAX
@@ -392,9 +392,7 @@ def test_reconcile_leaves_a_stopping_row_to_its_teardown_until_that_is_lost(
     ), "the fresh one is not looked up"
 
 
-def test_a_launch_whose_last_members_reconciliation_ends_is_stopped(
-    cluster: Any, team: Any, sent: Any, settings: Any
-) -> None:
+def test_a_launch_whose_last_members_reconciliation_ends_is_stopped(cluster: Any, team: Any, sent: Any, settings: Any) -> None:
     """CI: a launch torn down mid-launch stayed "stopping" for good with every member ended: its last
     stopping member was ended by reconciliation (its teardown taken for lost), which never settled the
     launch, and nothing else looked at it again. A launch whose members all die on their own (TTL) is
@@ -515,6 +513,21 @@ def test_reconcile_fixes_billing_both_ways(cluster: Any, make_row: Any, sent: An
     assert reconcile.reconcile_billing(host) == 2
     assert UsagePeriod.objects.filter(sandbox=unbilled, ended_at=None).count() == 1
     assert not UsagePeriod.objects.filter(sandbox=ended, ended_at=None).exists()
+
+
+def test_reconcile_leaves_the_billing_of_a_stopping_sandbox_to_its_teardown(cluster: Any, make_row: Any, sent: Any) -> None:
+    # A stopping sandbox still holds its host: billing ends when its teardown ends it, at the engine's end time.
+    host = cluster.add_host("h1")
+    stopping = make_row(host=host)
+    bring_up.bring_up(host, [stopping.pk])
+    Sandbox.objects.filter(pk=stopping.pk).update(state=S.STOPPING)
+    assert reconcile.reconcile_billing(host) == 0
+    assert UsagePeriod.objects.filter(sandbox=stopping, ended_at=None).count() == 1
+    stopping.refresh_from_db()
+    ended_at = timezone.now() + timedelta(seconds=30)
+    assert transitions.sandboxes_destroyed([(stopping, ended_at)]) == {stopping.pk}
+    period = UsagePeriod.objects.get(sandbox=stopping)
+    assert period.ended_at == ended_at, "closed at the end the engine reported, not at a reconciliation pass"
 
 
 # --- snapshots -----------------------------------------------------------------------------------
