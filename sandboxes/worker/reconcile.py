@@ -32,7 +32,6 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from billing.models import UsagePeriod
@@ -220,19 +219,29 @@ def _requeue_stuck(host: Host, keys: set[str]) -> int:
 
 
 def reconcile_billing(host: Host) -> int:
-    """Step 4: open periods for running sandboxes lacking one; close those of ended ones (not of live ones)."""
+    """Step 4: open periods for running sandboxes lacking one; close those of ended ones (not of live ones).
+
+    Single-table queries, compared here, never a join of sandboxes and periods: PostgreSQL plans a join
+    from its statistics, which lag a table that grew by thousands in seconds (a launch), and with them it
+    chose nested loops over both sides, a pass costing the square of the fleet (0.2 and 0.6 s for the two
+    joins at 1,000 running, every few seconds). These read each side once, by index."""
     fixed = 0
-    open_period = UsagePeriod.objects.filter(sandbox=OuterRef("pk"), ended_at__isnull=True)
-    for sandbox in Sandbox.objects.filter(host=host, state=S.RUNNING).exclude(Exists(open_period)):
-        usage_transition(sandbox=sandbox, kind=UsagePeriod.Kind.RUNNING, at=sandbox.ready_at or sandbox.created_at)
-        fixed += 1
+    running = set(Sandbox.objects.filter(host=host, state=S.RUNNING).values_list("pk", flat=True))
+    # Every sandbox with an open period (the partial unique index holds exactly those), on any host.
+    billed = set(UsagePeriod.objects.filter(ended_at__isnull=True, sandbox__isnull=False).values_list("sandbox_id", flat=True))
+    for chunk in _chunks(sorted(running - billed)):
+        for sandbox in Sandbox.objects.filter(pk__in=chunk, host=host, state=S.RUNNING):
+            usage_transition(sandbox=sandbox, kind=UsagePeriod.Kind.RUNNING, at=sandbox.ready_at or sandbox.created_at)
+            fixed += 1
     # Only those of sandboxes that ended: a stopping one still holds its host until its teardown ends it, and
     # that teardown closes its period at the engine's end time (many in one statement). Closing it here too
     # ended its billing early, one transaction a sandbox, in the middle of every big teardown.
-    for period in UsagePeriod.objects.filter(
-        sandbox__host=host, ended_at__isnull=True, sandbox__state__in=Sandbox.ENDED
-    ).select_related("sandbox"):
-        assert period.sandbox is not None
-        usage_transition(sandbox=period.sandbox, kind=None, at=period.sandbox.ended_at or timezone.now())
-        fixed += 1
+    # Those still open of sandboxes live on any host are nobody's to close: left out before any row is read
+    # (by the (host, state) index, every host's live ones), what remains is, as a rule, nothing.
+    hosts = list(Host.objects.values_list("pk", flat=True))
+    live = set(Sandbox.objects.filter(host_id__in=hosts, state__in=Sandbox.LIVE).values_list("pk", flat=True))
+    for chunk in _chunks(sorted(billed - live)):
+        for sandbox in Sandbox.objects.filter(pk__in=chunk, host=host, state__in=Sandbox.ENDED):
+            usage_transition(sandbox=sandbox, kind=None, at=sandbox.ended_at or timezone.now())
+            fixed += 1
     return fixed
