@@ -55,11 +55,17 @@ class UsagePeriod(models.Model):
         SAVED_STATE = "saved_state"
         ENDPOINT = "endpoint"  # a dedicated endpoint's model server holding its host (size: the model)
 
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage")
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
-    sandbox = models.ForeignKey("sandboxes.Sandbox", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
-    snapshot = models.ForeignKey("sandboxes.Snapshot", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
-    endpoint = models.ForeignKey("grading.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="usage", db_index=False)
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, db_index=False)
+    sandbox = models.ForeignKey(
+        "sandboxes.Sandbox", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage", db_index=False
+    )
+    snapshot = models.ForeignKey(
+        "sandboxes.Snapshot", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage", db_index=False
+    )
+    endpoint = models.ForeignKey(
+        "grading.Endpoint", null=True, blank=True, on_delete=models.SET_NULL, related_name="usage", db_index=False
+    )
     kind = models.CharField(max_length=12, choices=Kind.choices)
     size = models.CharField(max_length=32, blank=True)
     labels = models.JSONField(default=dict)
@@ -98,7 +104,16 @@ class UsagePeriod(models.Model):
                 name="one_open_period_per_endpoint",
             ),
         ]
-        indexes = [models.Index(fields=["team", "started_at"]), models.Index(fields=["team", "ended_at"])]
+        indexes = [
+            models.Index(fields=["team", "started_at"]),
+            models.Index(fields=["team", "ended_at"]),
+            # The other foreign keys, plain: no LIKE twin (see sandboxes.Sandbox's), and none for the team
+            # (the pairs above lead with it). Each sandbox's period is written twice, each write every index.
+            models.Index(fields=["api_key"]),
+            models.Index(fields=["sandbox"]),
+            models.Index(fields=["snapshot"]),
+            models.Index(fields=["endpoint"]),
+        ]
 
     def save(self, *args: object, **kwargs: object) -> None:
         """Keep the epoch-millisecond columns equal to the datetimes, whoever wrote them."""

@@ -381,18 +381,22 @@ class Sandbox(models.Model):
     END_REASONS = ("ttl_expired", "idle_timeout", "exited", "host_lost")
 
     id = models.CharField(primary_key=True, max_length=32, default=sandbox_id, editable=False)
-    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sandboxes")
-    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL)
-    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.PROTECT, related_name="sandboxes")
+    team = models.ForeignKey(Team, on_delete=models.CASCADE, related_name="sandboxes", db_index=False)
+    api_key = models.ForeignKey(ApiKey, null=True, blank=True, on_delete=models.SET_NULL, db_index=False)
+    host = models.ForeignKey(Host, null=True, blank=True, on_delete=models.PROTECT, related_name="sandboxes", db_index=False)
     engine_id = models.CharField(max_length=64, blank=True)
-    launch = models.ForeignKey(Launch, null=True, blank=True, on_delete=models.CASCADE, related_name="sandboxes")
+    launch = models.ForeignKey(
+        Launch, null=True, blank=True, on_delete=models.CASCADE, related_name="sandboxes", db_index=False
+    )
     launch_index = models.PositiveIntegerField(null=True, blank=True)
     # The memory group it is in on its host (its launch's memory_group_size), and that group's limit.
     memory_group = models.CharField(max_length=40, blank=True)
     memory_group_mib = models.PositiveIntegerField(default=0)
     memory_group_cpu = models.FloatField(default=0.0)  # ... and that group's CPU quota in cores; 0: a quota each
     template = models.CharField(max_length=64)
-    snapshot = models.ForeignKey(Snapshot, null=True, blank=True, on_delete=models.PROTECT, related_name="sandboxes")
+    snapshot = models.ForeignKey(
+        Snapshot, null=True, blank=True, on_delete=models.PROTECT, related_name="sandboxes", db_index=False
+    )
     size = models.CharField(max_length=32)
     cpu = models.FloatField()
     memory_mib = models.PositiveIntegerField()
@@ -400,9 +404,9 @@ class Sandbox(models.Model):
     ttl_s = models.PositiveIntegerField()
     # Destroyed by its engine after this many seconds without an exec or a file call; 0: never.
     idle_timeout_s = models.PositiveIntegerField(default=0)
-    network_policy = models.ForeignKey(NetworkPolicy, null=True, blank=True, on_delete=models.SET_NULL)
+    network_policy = models.ForeignKey(NetworkPolicy, null=True, blank=True, on_delete=models.SET_NULL, db_index=False)
     # Destroyed once this lease is over (its heartbeats stopped, or its client ended it).
-    lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="sandboxes")
+    lease = models.ForeignKey(Lease, null=True, blank=True, on_delete=models.SET_NULL, related_name="sandboxes", db_index=False)
     # Handed to the engine at create, then cleared: it may hold secrets, so it is stored sealed.
     env = SealedJSONField(default=dict, blank=True)
     labels = models.JSONField(default=dict)
@@ -435,6 +439,14 @@ class Sandbox(models.Model):
             models.Index(fields=["launch", "state"]),
             models.Index(fields=["team", "created_at"]),
             models.Index(fields=["updated_at"]),  # the board ticker reads what just changed
+            # The rest of the foreign keys, for their lookups and their deletes' cascades. Not the keys'
+            # own index (team, host, launch: the pairs above lead with them), and no second one for LIKE
+            # (Django's varchar_pattern_ops on PostgreSQL; nothing matches ids by pattern): a sandbox's
+            # row moves three or four times in its life, and each move wrote every index of the table.
+            models.Index(fields=["api_key"]),
+            models.Index(fields=["snapshot"]),
+            models.Index(fields=["network_policy"]),
+            models.Index(fields=["lease"]),
         ]
 
     @property

@@ -17,7 +17,7 @@ from datetime import UTC, datetime, timedelta
 from decimal import ROUND_HALF_UP, Decimal
 
 import pytest
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
 from billing.models import Price, UsagePeriod
@@ -126,6 +126,29 @@ def test_the_database_refuses_a_second_open_period(sandbox):
         UsagePeriod.objects.create(
             team=sandbox.team, sandbox=sandbox, kind="running", unit_price=Decimal(1), started_at=timezone.now()
         )
+
+
+@pytest.mark.django_db
+def test_the_rows_a_sandbox_rewrites_carry_only_the_indexes_their_queries_use():
+    # Each move of a sandbox's row and each write of its period updates every index of the table: the keys'
+    # LIKE twins (PostgreSQL's varchar_pattern_ops) and the keys' own indexes that a pair already leads with
+    # went (migrations sandboxes 0016, billing 0007); the partial unique indexes billing relies on stay.
+    with connection.cursor() as cursor:
+        found = {
+            table: connection.introspection.get_constraints(cursor, table)
+            for table in ("sandboxes_sandbox", "billing_usageperiod")
+        }
+    for table, constraints in found.items():
+        single = [
+            info["columns"][0]
+            for info in constraints.values()
+            if info["index"] and not info["unique"] and len(info["columns"]) == 1
+        ]
+        assert len(single) == len(set(single)), f"{table}: two indexes on one column: {sorted(single)}"
+        for column in ("team_id", "host_id", "launch_id"):
+            assert column not in single or table != "sandboxes_sandbox", f"{table}.{column}: a pair leads with it"
+    open_ones = {name for name, info in found["billing_usageperiod"].items() if info["unique"] and info["index"]}
+    assert {"one_open_period_per_sandbox", "one_open_period_per_snapshot", "one_open_period_per_endpoint"} <= open_ones
 
 
 def test_a_launch_opens_its_periods_in_one_insert_and_keeps_an_open_one(make_sandbox):
