@@ -13,7 +13,9 @@ lost command would leave behind:
    otherwise the sandbox is nobody's and is destroyed.
 3. Rows stuck ``queued``/``creating``/``stopping`` longer than
    ``FORKYARD_STUCK_AFTER_S`` have their command queued again (they are
-   idempotent); rows this process is still creating are left alone. A
+   idempotent); rows this process is still creating are left alone, and so
+   are queued members of a launch whose other members on this host moved
+   meanwhile (their command waits its turn in the host's queue). A
    stopping row that never reached the engine ends, destroyed.
 4. Billing, both ways: a running sandbox without an open period gets one
    from its ready time; an open period of an ended sandbox closes at its end.
@@ -190,13 +192,30 @@ def _requeue_stuck(host: Host, keys: set[str]) -> int:
     engine: it ends, destroyed. Queued again, it would only wait for a create
     that never comes (``take_down`` leaves such a row to its create), each
     pass making it look fresh."""
-    stuck = [
-        sandbox_id
-        for sandbox_id in Sandbox.objects.filter(
-            host=host, state__in=[S.QUEUED, S.CREATING], updated_at__lt=_stuck_before()
-        ).values_list("pk", flat=True)[:5000]
+    since = _stuck_before()
+    candidates = [
+        (sandbox_id, launch_id, state)
+        for sandbox_id, launch_id, state in Sandbox.objects.filter(
+            host=host, state__in=[S.QUEUED, S.CREATING], updated_at__lt=since
+        ).values_list("pk", "launch_id", "state")[:5000]
         if not is_at_work(sandbox_id)
-    ][:1000]
+    ]
+    # A queued member of a launch whose other members on this host moved since is waiting its turn: its
+    # chunk's command sits in the host's queue behind the launch's earlier chunks (a host takes a launch
+    # of thousands for minutes). Queued again, each pass sent hundreds of duplicate commands ahead of it.
+    # One whose launch stands still here is stuck, as before.
+    waiting = {launch_id for _, launch_id, state in candidates if launch_id and state == S.QUEUED}
+    moving = (
+        set(
+            Sandbox.objects.filter(host=host, launch_id__in=sorted(waiting), updated_at__gte=since)
+            .exclude(state=S.QUEUED)
+            .values_list("launch_id", flat=True)
+            .distinct()
+        )
+        if waiting
+        else set()
+    )
+    stuck = [sandbox_id for sandbox_id, launch_id, state in candidates if not (state == S.QUEUED and launch_id in moving)][:1000]
     if stuck:
         Sandbox.objects.filter(pk__in=stuck).update(updated_at=timezone.now())
         commands.ensure_running(host, stuck)

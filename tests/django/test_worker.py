@@ -425,6 +425,34 @@ def test_a_launch_whose_last_members_reconciliation_ends_is_stopped(cluster: Any
     assert set(Sandbox.objects.filter(launch__in=[torn, expired]).values_list("state", flat=True)) == {S.DESTROYED}
 
 
+def test_reconcile_leaves_queued_members_of_a_launch_that_moves_on_their_host_to_its_queue(
+    cluster: Any, make_row: Any, make_launch_row: Any, sent: Any, settings: Any
+) -> None:
+    """A host takes a big launch chunk by chunk for minutes: its later chunks' rows sit queued past
+    FORKYARD_STUCK_AFTER_S while their commands wait in its queue. Queued again, every pass sent hundreds
+    of duplicates. A launch that stands still on the host is stuck, as a row of no launch is."""
+    settings.FORKYARD_STUCK_AFTER_S = 60
+    host = cluster.add_host("h1")
+    long_ago = timezone.now() - timedelta(minutes=5)
+    moving, still = make_launch_row(count=2), make_launch_row(count=2)
+    started = make_row(host=host, launch=moving, launch_index=0)
+    bring_up.bring_up(host, [started.pk])  # recorded running just now: its launch moves on this host
+    waiting = make_row(S.QUEUED, host=host, launch=moving, launch_index=1)
+    lost = [make_row(S.QUEUED, host=host, launch=still, launch_index=index) for index in range(2)]
+    alone = make_row(S.QUEUED, host=host)
+    Sandbox.objects.filter(pk__in=[waiting.pk, alone.pk, *(row.pk for row in lost)]).update(updated_at=long_ago)
+
+    counts = reconcile.reconcile(host)
+    requeued = sorted(pk for _, ids in sent.named(Command.ENSURE_RUNNING) for pk in ids)
+    assert requeued == sorted([alone.pk, *(row.pk for row in lost)]) and counts["requeued"] == 3
+    assert waiting.pk not in requeued
+
+    # Once the launch stands still here too (nothing of it moved for FORKYARD_STUCK_AFTER_S), its row is stuck.
+    Sandbox.objects.filter(pk=started.pk).update(updated_at=long_ago)
+    reconcile.reconcile(host)
+    assert [waiting.pk] in [ids for _, ids in sent.named(Command.ENSURE_RUNNING)]
+
+
 def test_reconcile_ends_a_stuck_stopping_row_that_never_reached_the_engine(
     cluster: Any, make_row: Any, sent: Any, settings: Any
 ) -> None:
