@@ -9,7 +9,7 @@ and drop, here, exactly the plain indexes the key had.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from django.db import migrations
@@ -33,5 +33,5 @@ def drop_plain_indexes(table: str, columns: Sequence[str]) -> migrations.RunPyth
             ):
                 schema_editor.execute(f"DROP INDEX {schema_editor.quote_name(name)}")
 
-    undo: Callable[..., None] = migrations.RunPython.noop  # indexes for speed only: none is needed back
-    return migrations.RunPython(run, undo)
+    # Back: nothing. The indexes were for speed only; none is needed back.
+    return migrations.RunPython(run, migrations.RunPython.noop)
